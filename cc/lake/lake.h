@@ -1,0 +1,138 @@
+// jaxlake: the stitching allocator (the policy engine).
+//
+// The lake serves device-memory requests from physical handles obtained
+// through a vmm::Driver. It knows nothing else about the device.
+//
+// Vocabulary (see docs/design.md for the full picture):
+//   chunk     one granule of physical memory (driver granularity, 2 MiB)
+//   segment   one physical handle of N chunks, mapped once at its own
+//             (primary) virtual range; its chunks form primary blocks
+//   block     a run of chunks of one segment: free, live, or lent to a
+//             stitched range
+//   stitched  a separate virtual range onto which runs of chunks from several
+//             segments are mapped in order; it adds no physical memory
+//   small     requests <= small_limit are carved out of per-stream slabs, so
+//             a 4 KiB buffer does not pin a 2 MiB chunk
+//
+// Allocation order for a large request of n chunks on stream s:
+//   fit/split     a free block usable by s with >= n chunks (best fit)
+//   stitch reuse  a cached stitched range whose first n chunks are all free
+//   stitch        free blocks, largest first, mapped into a new range
+//   stitch grow   as above, creating only the shortfall as a new segment
+//   grow          a new segment of n chunks
+//   reclaim       wait for pending events, drop cached stitched ranges,
+//                 release free segments, retry; then out of memory.
+//
+// Thread safety: all public methods may be called concurrently. One mutex
+// guards the bookkeeping; driver calls that create, map or unmap memory are
+// made with it released, after the pieces involved have been claimed.
+#ifndef JAXLAKE_LAKE_LAKE_H_
+#define JAXLAKE_LAKE_LAKE_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "cc/stats/stats.h"
+#include "cc/vmm/driver.h"
+
+namespace jaxlake {
+
+struct LakeOptions {
+  // Physical bytes the lake may hold; 0 means the driver's total memory.
+  std::size_t capacity = 0;
+  // Requests of at most this many bytes use the small-request pool.
+  std::size_t small_limit = std::size_t{1} << 20;
+  // Bytes of one small-pool slab; 0 means one granule.
+  std::size_t small_slab = 0;
+  // Alignment of every returned address (a power of two, >= 256).
+  std::size_t alignment = 256;
+  // Allow serving a request by stitching free blocks.
+  bool stitch = true;
+  // Requests below this size never stitch (GMLake's frag_limit). 0: any size.
+  std::size_t stitch_min = 0;
+  // Allow a stitch to create the shortfall as a new segment.
+  bool stitch_grow = true;
+  // Most pieces (map calls) one stitched range may have. 0: no limit.
+  std::size_t max_pieces = 0;
+  // Stitched ranges kept mapped for reuse once freed.
+  std::size_t stitch_cache = 64;
+  // Keep an in-memory trace of allocate/free events.
+  bool record_trace = false;
+};
+
+// How an allocation was served. Order matches the policy above.
+#define JAXLAKE_ALLOC_STATES(X) \
+  X(small)                      \
+  X(fit)                        \
+  X(split)                      \
+  X(stitch_reuse)               \
+  X(stitch)                     \
+  X(stitch_grow)                \
+  X(grow)
+
+enum class AllocState : std::uint8_t {
+#define JAXLAKE_X(name) name,
+  JAXLAKE_ALLOC_STATES(JAXLAKE_X)
+#undef JAXLAKE_X
+};
+const char* AllocStateName(AllocState s);
+
+struct TraceEvent {
+  std::uint64_t time_ns;   // steady clock, from the lake's creation
+  bool allocate;           // true: allocate, false: free
+  std::uintptr_t address;
+  std::size_t size;        // requested bytes
+  vmm::Stream stream;
+  AllocState state;        // how it was served (allocations only)
+};
+
+class Lake {
+ public:
+  // The driver must outlive the lake.
+  Lake(vmm::Driver& driver, const LakeOptions& options);
+  ~Lake();  // unmaps and releases everything (live allocations too)
+  Lake(const Lake&) = delete;
+  Lake& operator=(const Lake&) = delete;
+
+  // kOk and *address set; kInvalidValue for nbytes == 0; kOutOfMemory when
+  // the request cannot be served even after reclaiming; other statuses are
+  // driver failures (the lake stays consistent and usable after any).
+  vmm::Status allocate(std::size_t nbytes, vmm::Stream stream,
+                       std::uintptr_t* address, AllocState* state = nullptr);
+  // kInvalidValue if address is not a live allocation of this lake.
+  vmm::Status free(std::uintptr_t address, vmm::Stream stream);
+
+  // Requested size of a live allocation, 0 if address is not live.
+  std::size_t allocation_size(std::uintptr_t address) const;
+
+  // Drops cached stitched ranges and releases every free segment whose
+  // last use is complete. Returns the physical bytes released.
+  std::size_t empty_cache();
+
+  // Validates every invariant. Returns an empty string when all hold, else a
+  // description of the first broken one.
+  std::string check() const;
+
+  Stats stats() const;
+  std::vector<TraceEvent> trace() const;
+  // A readable summary of the lake's figures (used in out-of-memory errors).
+  std::string describe() const;
+  // The message for the last kOutOfMemory or driver failure of allocate().
+  std::string last_error() const;
+
+  const LakeOptions& options() const;
+  std::size_t granularity() const;
+  std::size_t capacity() const;
+  vmm::Driver& driver() const;
+
+ private:
+  struct Impl;
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace jaxlake
+
+#endif  // JAXLAKE_LAKE_LAKE_H_

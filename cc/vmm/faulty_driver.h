@@ -1,0 +1,63 @@
+// jaxlake: a driver that fails chosen calls (for tests).
+//
+// Wraps another driver and forwards every call, except those armed with
+// fail(): the nth call of a kind from now on (1 = the next one), and the
+// `times - 1` calls of that kind after it, return `status` without reaching
+// the inner driver.
+#ifndef JAXLAKE_VMM_FAULTY_DRIVER_H_
+#define JAXLAKE_VMM_FAULTY_DRIVER_H_
+
+#include <array>
+#include <mutex>
+
+#include "cc/vmm/driver.h"
+
+namespace jaxlake::vmm {
+
+class FaultyDriver : public Driver {
+ public:
+  explicit FaultyDriver(Driver& inner);
+
+  const char* name() const override { return "faulty"; }
+  std::size_t granularity() const override { return inner_.granularity(); }
+  std::size_t total_memory() const override { return inner_.total_memory(); }
+  Driver& inner() const { return inner_; }
+
+  void fail(Call call, std::uint64_t nth = 1,
+            Status status = Status::kDriverError, std::uint64_t times = 1);
+  void clear();
+  // Calls refused so far.
+  std::uint64_t injected() const;
+
+ protected:
+  Status do_reserve(std::size_t size, std::uintptr_t* va) override;
+  Status do_address_free(std::uintptr_t va, std::size_t size) override;
+  Status do_create(std::size_t size, Handle* handle) override;
+  Status do_release(Handle handle) override;
+  Status do_map(std::uintptr_t va, std::size_t size, std::size_t offset,
+                Handle handle) override;
+  Status do_unmap(std::uintptr_t va, std::size_t size) override;
+  Status do_set_access(std::uintptr_t va, std::size_t size) override;
+  Status do_event_create(Event* event) override;
+  Status do_event_destroy(Event event) override;
+  Status do_event_record(Event event, Stream stream) override;
+  Status do_event_query(Event event) override;
+  Status do_event_synchronize(Event event) override;
+
+ private:
+  // Returns the injected status for this call, or kOk to forward it.
+  Status Next(Call call);
+  struct Arm {
+    std::uint64_t skip = 0;   // calls still to forward before failing
+    std::uint64_t left = 0;   // failures still to inject
+    Status status = Status::kOk;
+  };
+  Driver& inner_;
+  mutable std::mutex mu_;
+  std::array<Arm, kNumCalls> arms_{};
+  std::uint64_t injected_ = 0;
+};
+
+}  // namespace jaxlake::vmm
+
+#endif  // JAXLAKE_VMM_FAULTY_DRIVER_H_

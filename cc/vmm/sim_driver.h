@@ -1,0 +1,86 @@
+// jaxlake: the simulated driver.
+//
+// Address bookkeeping only: no memory is touched, so a lake over it can
+// replay traces of any device size (80 GiB and more) on a laptop. It enforces
+// every rule of driver.h and models streams and events: an event recorded on
+// a stream completes at once unless the stream is held (hold_stream), which
+// lets a test keep work "in flight" and check that the lake waits for it.
+// The host driver derives from it and adds real memory behind the hooks.
+#ifndef JAXLAKE_VMM_SIM_DRIVER_H_
+#define JAXLAKE_VMM_SIM_DRIVER_H_
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <unordered_map>
+
+#include "cc/vmm/driver.h"
+
+namespace jaxlake::vmm {
+
+struct SimOptions {
+  std::size_t granularity = std::size_t{2} << 20;   // power of two
+  std::size_t device_bytes = std::size_t{80} << 30;  // physical capacity
+};
+
+class SimDriver : public Driver {
+ public:
+  explicit SimDriver(const SimOptions& options = {});
+  ~SimDriver() override;
+
+  const char* name() const override { return "sim"; }
+  std::size_t granularity() const override;
+  std::size_t total_memory() const override;
+
+  // Testing: while a stream is held, events recorded on it stay incomplete.
+  void hold_stream(Stream stream);
+  // Completes everything recorded on the stream so far and wakes waiters.
+  void release_stream(Stream stream);
+
+  // Introspection (for tests and checks).
+  std::size_t physical_bytes() const;   // bytes of memory still alive
+  std::size_t mapped_bytes() const;     // bytes currently mapped
+  std::size_t reserved_bytes() const;   // bytes of reserved address space
+  std::size_t live_handles() const;     // handles created and not released
+  std::size_t live_events() const;      // events created and not destroyed
+  // True when every byte of [va, va+size) is mapped with access set.
+  bool accessible(std::uintptr_t va, std::size_t size) const;
+
+ protected:
+  Status do_reserve(std::size_t size, std::uintptr_t* va) override;
+  Status do_address_free(std::uintptr_t va, std::size_t size) override;
+  Status do_create(std::size_t size, Handle* handle) override;
+  Status do_release(Handle handle) override;
+  Status do_map(std::uintptr_t va, std::size_t size, std::size_t offset,
+                Handle handle) override;
+  Status do_unmap(std::uintptr_t va, std::size_t size) override;
+  Status do_set_access(std::uintptr_t va, std::size_t size) override;
+  Status do_event_create(Event* event) override;
+  Status do_event_destroy(Event event) override;
+  Status do_event_record(Event event, Stream stream) override;
+  Status do_event_query(Event event) override;
+  Status do_event_synchronize(Event event) override;
+
+  // Hooks for a backend with real memory (the host driver). Each is called
+  // with the driver's mutex held, after the rule checks passed; a failure is
+  // returned to the caller and leaves the bookkeeping unchanged.
+  virtual Status os_reserve(std::size_t size, std::uintptr_t* va);
+  virtual Status os_address_free(std::uintptr_t va, std::size_t size);
+  virtual Status os_create(std::size_t size, Handle handle);
+  virtual void os_release_memory(Handle handle);  // last mapping gone
+  virtual Status os_map(std::uintptr_t va, std::size_t size,
+                        std::size_t offset, Handle handle);
+  virtual Status os_unmap(std::uintptr_t va, std::size_t size);
+  virtual Status os_set_access(std::uintptr_t va, std::size_t size);
+
+ private:
+  struct State;
+  std::unique_ptr<State> state_;
+};
+
+}  // namespace jaxlake::vmm
+
+#endif  // JAXLAKE_VMM_SIM_DRIVER_H_
