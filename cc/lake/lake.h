@@ -80,6 +80,12 @@ enum class AllocState : std::uint8_t {
 };
 const char* AllocStateName(AllocState s);
 
+// Checks options against a driver. Returns an empty string when they are
+// valid, else a message naming the option, its value and what is expected.
+// The Lake constructor requires valid options.
+std::string ValidateOptions(const LakeOptions& options,
+                            const vmm::Driver& driver);
+
 struct TraceEvent {
   std::uint64_t time_ns;   // steady clock, from the lake's creation
   bool allocate;           // true: allocate, false: free

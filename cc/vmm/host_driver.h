@@ -36,6 +36,8 @@ class HostDriver : public SimDriver {
   Status os_set_access(std::uintptr_t va, std::size_t size) override;
 
  private:
+  void os_release_handle(Handle handle) override;  // closes the memfd
+
   struct Fds;
   std::unique_ptr<Fds> fds_;
 };

@@ -77,6 +77,12 @@ class SimDriver : public Driver {
   virtual Status os_set_access(std::uintptr_t va, std::size_t size);
 
  private:
+  // Called by release() with the mutex held, whether or not the handle is
+  // still mapped: a backend drops what it needs only to make new mappings
+  // (the host driver closes the memfd). The memory itself lives on until
+  // os_release_memory().
+  virtual void os_release_handle(Handle handle);
+
   struct State;
   std::unique_ptr<State> state_;
 };

@@ -1,0 +1,1363 @@
+// jaxlake: the stitching allocator. See lake.h for the policy and
+// docs/design.md for the data structures and their invariants.
+#include "cc/lake/lake.h"
+
+#include <algorithm>
+#include <cassert>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <list>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <set>
+#include <sstream>
+#include <tuple>
+#include <unordered_map>
+#include <utility>
+
+namespace jaxlake {
+
+using vmm::Event;
+using vmm::Handle;
+using vmm::Status;
+using vmm::Stream;
+
+const char* AllocStateName(AllocState s) {
+  switch (s) {
+#define JAXLAKE_X(name) \
+  case AllocState::name: \
+    return #name;
+    JAXLAKE_ALLOC_STATES(JAXLAKE_X)
+#undef JAXLAKE_X
+  }
+  return "unknown";
+}
+
+namespace {
+
+bool IsPow2(std::size_t x) { return x != 0 && (x & (x - 1)) == 0; }
+std::size_t RoundUp(std::size_t x, std::size_t to) {
+  return (x + to - 1) / to * to;
+}
+
+std::string Bytes(std::size_t b) {
+  char buf[64];
+  const char* units[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  double v = static_cast<double>(b);
+  int u = 0;
+  while (v >= 1024.0 && u < 4) {
+    v /= 1024.0;
+    ++u;
+  }
+  if (u == 0)
+    std::snprintf(buf, sizeof buf, "%zu B", b);
+  else
+    std::snprintf(buf, sizeof buf, "%.2f %s", v, units[u]);
+  return buf;
+}
+
+}  // namespace
+
+std::string ValidateOptions(const LakeOptions& o, const vmm::Driver& driver) {
+  const std::size_t gran = driver.granularity();
+  std::ostringstream err;
+  if (o.capacity != 0 && o.capacity < gran) {
+    err << "capacity " << o.capacity << " is below one chunk (" << gran
+        << " bytes): expected 0 (the whole device) or at least " << gran;
+  } else if (!IsPow2(o.alignment) || o.alignment < 256 ||
+             o.alignment > gran) {
+    err << "alignment " << o.alignment
+        << " is invalid: expected a power of two between 256 and " << gran;
+  } else if (o.small_slab != 0 && o.small_slab % gran != 0) {
+    err << "small_slab " << o.small_slab
+        << " is invalid: expected 0 or a multiple of the granularity "
+        << gran;
+  } else if (o.small_limit > (o.small_slab ? o.small_slab : gran)) {
+    err << "small_limit " << o.small_limit
+        << " is larger than one small slab ("
+        << (o.small_slab ? o.small_slab : gran) << " bytes)";
+  }
+  return err.str();
+}
+
+// ---------------------------------------------------------------------------
+// Data structures.
+
+namespace {
+
+// Where and when a free block was last used: the stream that freed it and
+// that stream's free sequence number at the time. A block is usable at once
+// by the same stream, and by any other stream (or by unmap/release) once an
+// event recorded on `stream` after that free has completed.
+struct Tag {
+  Stream stream = 0;
+  std::uint64_t seq = 0;  // 0: never used, safe for everyone
+};
+
+enum class BlockState : std::uint8_t {
+  kFree,  // in the free index
+  kLive,  // a primary allocation
+  kLent,  // lent to a stitched range (owner = stitched id)
+  kSlab,  // a small-pool slab (owner = slab id)
+};
+
+struct Block {
+  std::uint32_t end = 0;  // one past the last chunk
+  BlockState state = BlockState::kFree;
+  std::uint64_t owner = 0;
+  Tag tag;
+};
+
+struct Segment {
+  Handle handle = 0;
+  std::uintptr_t va = 0;
+  std::uint32_t nchunks = 0;
+  std::uint32_t stitch_refs = 0;  // stitched ranges mapping its chunks
+  std::map<std::uint32_t, Block> blocks;  // start chunk -> block
+};
+
+struct Piece {
+  std::uint32_t seg;
+  std::uint32_t start;
+  std::uint32_t n;
+};
+
+struct Stitched {
+  std::uintptr_t va = 0;
+  std::uint32_t nchunks = 0;      // chunks mapped (VA size / granularity)
+  std::uint32_t used = 0;         // leading chunks lent to the live block
+  std::vector<Piece> pieces;      // in address order
+  bool mapping = false;           // claimed, being mapped right now
+  bool dropping = false;          // being unmapped right now
+  bool cached = false;            // in the LRU cache
+  Tag tag;                        // last free
+  std::list<std::uint64_t>::iterator lru;
+};
+
+struct Slab {
+  std::uint32_t seg = 0;
+  std::uint32_t start = 0;
+  std::uint32_t nchunks = 0;
+  std::uintptr_t base = 0;
+  std::size_t bytes = 0;
+  std::size_t used = 0;                     // bytes handed out
+  Stream stream = 0;
+  std::map<std::size_t, std::size_t> free;  // offset -> length
+};
+
+enum class Kind : std::uint8_t { kPrimary, kStitched, kSmall };
+
+struct Alloc {
+  std::size_t size = 0;     // requested
+  std::size_t rounded = 0;  // held
+  Stream stream = 0;
+  Kind kind = Kind::kPrimary;
+  std::uint32_t seg = 0;    // primary
+  std::uint32_t start = 0;  // primary
+  std::uint64_t owner = 0;  // stitched or slab id
+};
+
+struct StreamState {
+  std::uint64_t free_seq = 0;   // frees so far on this stream
+  std::uint64_t completed = 0;  // frees known complete on the device
+  Event event = 0;              // 0: none created yet
+  std::uint64_t event_seq = 0;  // free_seq covered by the pending event
+  bool pending = false;
+};
+
+using FreeKey = std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>;
+
+}  // namespace
+
+struct Lake::Impl {
+  vmm::Driver& drv;
+  LakeOptions opt;
+  std::size_t gran;
+  std::size_t capacity;
+  std::size_t slab_bytes;
+  std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
+
+  mutable std::mutex mu;
+  std::unordered_map<std::uint32_t, Segment> segs;
+  std::uint32_t next_seg = 1;
+  std::set<FreeKey> free_index;  // (nchunks, seg, start) of free blocks
+  std::unordered_map<std::uint64_t, Stitched> stitched;
+  std::list<std::uint64_t> lru;  // cached stitched ids, most recent first
+  std::unordered_map<std::uint64_t, Slab> slabs;
+  std::map<std::uintptr_t, std::uint64_t> slab_by_base;
+  // Per stream: free small ranges as (length, address).
+  std::unordered_map<Stream, std::set<std::pair<std::size_t, std::uintptr_t>>>
+      small_free;
+  std::uint64_t next_id = 1;
+  std::unordered_map<std::uintptr_t, Alloc> live;
+  std::unordered_map<Stream, StreamState> streams;
+  std::size_t pending_bytes = 0;  // physical bytes being created right now
+  Stats st;
+  std::vector<TraceEvent> trace;
+  std::string last_error;
+
+  Impl(vmm::Driver& d, const LakeOptions& o)
+      : drv(d),
+        opt(o),
+        gran(d.granularity()),
+        capacity(o.capacity ? o.capacity : d.total_memory()),
+        slab_bytes(o.small_slab ? o.small_slab : d.granularity()) {}
+
+  // ---- tags and streams ----------------------------------------------------
+
+  Tag FreeTag(Stream s) { return Tag{s, ++streams[s].free_seq}; }
+
+  bool Safe(const Tag& t) const {
+    if (t.seq == 0) return true;
+    auto it = streams.find(t.stream);
+    return it != streams.end() && it->second.completed >= t.seq;
+  }
+  bool Usable(const Tag& t, Stream s) const {
+    return t.stream == s || Safe(t);
+  }
+
+  // Records (if needed) and queries one event per stream with unfenced
+  // frees, skipping stream `except` (its own frees are usable by it at
+  // once). Never blocks. Returns true if any stream made progress. A
+  // workload on one stream never gets here with anything to do, so it
+  // records no events at all.
+  bool AdvanceStreams(std::optional<Stream> except = std::nullopt) {
+    bool progress = false;
+    for (auto& [s, ss] : streams) {
+      if (except && *except == s) continue;
+      // Twice: a completed event may leave later frees to fence.
+      for (int i = 0; i < 2 && ss.completed < ss.free_seq; ++i) {
+        if (!ss.pending) {
+          if (ss.event == 0 && drv.event_create(&ss.event) != Status::kOk) {
+            ss.event = 0;
+            ++st.driver_errors;
+            break;
+          }
+          if (drv.event_record(ss.event, s) != Status::kOk) {
+            ++st.driver_errors;
+            break;
+          }
+          ss.pending = true;
+          ss.event_seq = ss.free_seq;
+        }
+        if (drv.event_query(ss.event) != Status::kOk) break;
+        ss.pending = false;
+        ss.completed = ss.event_seq;
+        progress = true;
+      }
+    }
+    return progress;
+  }
+
+  // Waits (lock released) for every pending stream event. Returns true if
+  // something completed.
+  bool WaitStreams(std::unique_lock<std::mutex>& lk) {
+    AdvanceStreams();
+    std::vector<std::pair<Stream, Event>> waits;
+    for (auto& [s, ss] : streams)
+      if (ss.pending) waits.emplace_back(s, ss.event);
+    if (waits.empty()) return false;
+    lk.unlock();
+    std::vector<bool> ok(waits.size());
+    for (std::size_t i = 0; i < waits.size(); ++i)
+      ok[i] = drv.event_synchronize(waits[i].second) == Status::kOk;
+    lk.lock();
+    bool progress = false;
+    for (std::size_t i = 0; i < waits.size(); ++i) {
+      ++st.event_waits;
+      if (!ok[i]) {
+        ++st.driver_errors;
+        continue;
+      }
+      auto& ss = streams[waits[i].first];
+      if (ss.pending && ss.event == waits[i].second) {
+        ss.pending = false;
+        ss.completed = std::max(ss.completed, ss.event_seq);
+        progress = true;
+      }
+    }
+    return progress;
+  }
+
+  // ---- blocks ----------------------------------------------------------------
+
+  void IndexAdd(std::uint32_t seg, std::uint32_t start, const Block& b) {
+    free_index.emplace(b.end - start, seg, start);
+  }
+  void IndexRemove(std::uint32_t seg, std::uint32_t start, const Block& b) {
+    free_index.erase(FreeKey(b.end - start, seg, start));
+  }
+
+  // Marks [start, start+n) of segment `seg`, which must lie inside one free
+  // block, with `state`/`owner`. The rest of that free block stays free.
+  void Carve(std::uint32_t seg_id, std::uint32_t start, std::uint32_t n,
+             BlockState state, std::uint64_t owner) {
+    Segment& seg = segs.at(seg_id);
+    auto it = std::prev(seg.blocks.upper_bound(start));
+    const std::uint32_t bstart = it->first;
+    Block b = it->second;
+    assert(b.state == BlockState::kFree && b.end >= start + n);
+    IndexRemove(seg_id, bstart, b);
+    seg.blocks.erase(it);
+    if (bstart < start) {
+      Block left = b;
+      left.end = start;
+      seg.blocks.emplace(bstart, left);
+      IndexAdd(seg_id, bstart, left);
+    }
+    if (start + n < b.end) {
+      Block right = b;
+      seg.blocks.emplace(start + n, right);
+      IndexAdd(seg_id, start + n, right);
+    }
+    Block mid;
+    mid.end = start + n;
+    mid.state = state;
+    mid.owner = owner;
+    mid.tag = b.tag;
+    seg.blocks.emplace(start, mid);
+  }
+
+  // Two free neighbours merge when they share a stream or one of them is
+  // safe for everyone; the merged block keeps the tag that still matters.
+  bool MergeTags(const Tag& a, const Tag& b, Tag* out) const {
+    if (a.stream == b.stream) {
+      *out = a.seq >= b.seq ? a : b;
+      return true;
+    }
+    if (Safe(a)) {
+      *out = b;
+      return true;
+    }
+    if (Safe(b)) {
+      *out = a;
+      return true;
+    }
+    return false;
+  }
+
+  // Makes [start, end) of a segment a free block with `tag`, merging with
+  // free neighbours where allowed.
+  void MakeFree(std::uint32_t seg_id, std::uint32_t start, Tag tag) {
+    Segment& seg = segs.at(seg_id);
+    auto it = seg.blocks.find(start);
+    assert(it != seg.blocks.end());
+    it->second.state = BlockState::kFree;
+    it->second.owner = 0;
+    it->second.tag = tag;
+    // Merge with the right neighbour.
+    auto next = std::next(it);
+    Tag merged;
+    if (next != seg.blocks.end() && next->second.state == BlockState::kFree &&
+        MergeTags(it->second.tag, next->second.tag, &merged)) {
+      IndexRemove(seg_id, next->first, next->second);
+      it->second.end = next->second.end;
+      it->second.tag = merged;
+      seg.blocks.erase(next);
+    }
+    // Merge with the left neighbour.
+    if (it != seg.blocks.begin()) {
+      auto prev = std::prev(it);
+      if (prev->second.state == BlockState::kFree &&
+          MergeTags(prev->second.tag, it->second.tag, &merged)) {
+        IndexRemove(seg_id, prev->first, prev->second);
+        prev->second.end = it->second.end;
+        prev->second.tag = merged;
+        seg.blocks.erase(it);
+        it = prev;
+      }
+    }
+    IndexAdd(seg_id, it->first, it->second);
+  }
+
+  // Merges free neighbours that were kept apart by pending events.
+  void Coalesce() {
+    for (auto& [id, seg] : segs) {
+      for (auto it = seg.blocks.begin(); it != seg.blocks.end();) {
+        auto next = std::next(it);
+        Tag merged;
+        if (next != seg.blocks.end() && it->second.state == BlockState::kFree &&
+            next->second.state == BlockState::kFree &&
+            MergeTags(it->second.tag, next->second.tag, &merged)) {
+          IndexRemove(id, it->first, it->second);
+          IndexRemove(id, next->first, next->second);
+          it->second.end = next->second.end;
+          it->second.tag = merged;
+          seg.blocks.erase(next);
+          IndexAdd(id, it->first, it->second);
+          continue;  // try to merge further right
+        }
+        it = next;
+      }
+    }
+  }
+
+  // True when [start, start+n) of a segment lies in one free block usable by
+  // stream s.
+  bool RangeFree(std::uint32_t seg_id, std::uint32_t start, std::uint32_t n,
+                 Stream s) const {
+    auto sit = segs.find(seg_id);
+    if (sit == segs.end()) return false;
+    const Segment& seg = sit->second;
+    auto it = seg.blocks.upper_bound(start);
+    if (it == seg.blocks.begin()) return false;
+    --it;
+    const Block& b = it->second;
+    return b.state == BlockState::kFree && b.end >= start + n &&
+           Usable(b.tag, s);
+  }
+
+  // ---- gauges ----------------------------------------------------------------
+
+  void Record(bool allocate, std::uintptr_t addr, std::size_t size, Stream s,
+              AllocState state) {
+    if (!opt.record_trace) return;
+    auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                  std::chrono::steady_clock::now() - t0)
+                  .count();
+    trace.push_back(TraceEvent{static_cast<std::uint64_t>(ns), allocate, addr,
+                               size, s, state});
+  }
+
+  void OnAllocated(std::uintptr_t addr, const Alloc& a, AllocState state) {
+    live.emplace(addr, a);
+    st.bytes_in_use.add(static_cast<std::int64_t>(a.size));
+    st.bytes_in_use_rounded.add(static_cast<std::int64_t>(a.rounded));
+    st.live_allocations.add(1);
+    ++st.allocs;
+    switch (state) {
+#define JAXLAKE_X(name)  \
+  case AllocState::name: \
+    ++st.alloc_##name;   \
+    break;
+      JAXLAKE_ALLOC_STATES(JAXLAKE_X)
+#undef JAXLAKE_X
+    }
+    Record(true, addr, a.size, a.stream, state);
+  }
+
+  // ---- segments --------------------------------------------------------------
+
+  // Creates a segment of n chunks (lock released during driver calls).
+  // Capacity must have been claimed in pending_bytes by the caller.
+  Status CreateSegment(std::unique_lock<std::mutex>& lk, std::uint32_t n,
+                       std::uint32_t* seg_out) {
+    const std::size_t bytes = std::size_t{n} * gran;
+    lk.unlock();
+    std::uintptr_t va = 0;
+    Handle h = 0;
+    Status s = drv.reserve(bytes, &va);
+    if (s == Status::kOk) {
+      s = drv.create(bytes, &h);
+      if (s == Status::kOk) {
+        s = drv.map(va, bytes, 0, h);
+        if (s == Status::kOk) {
+          s = drv.set_access(va, bytes);
+          if (s != Status::kOk) drv.unmap(va, bytes);
+        }
+        if (s != Status::kOk) drv.release(h);
+      }
+      if (s != Status::kOk) drv.address_free(va, bytes);
+    }
+    lk.lock();
+    pending_bytes -= bytes;
+    if (s != Status::kOk) {
+      if (s != Status::kOutOfMemory) ++st.driver_errors;
+      return s;
+    }
+    const std::uint32_t id = next_seg++;
+    Segment& seg = segs[id];
+    seg.handle = h;
+    seg.va = va;
+    seg.nchunks = n;
+    Block b;
+    b.end = n;
+    seg.blocks.emplace(0, b);
+    IndexAdd(id, 0, b);
+    st.bytes_reserved.add(static_cast<std::int64_t>(bytes));
+    st.segments.add(1);
+    *seg_out = id;
+    return Status::kOk;
+  }
+
+  // Claims capacity for n new chunks; false if the capacity forbids it.
+  bool ClaimCapacity(std::uint32_t n) {
+    const std::size_t bytes = std::size_t{n} * gran;
+    if (static_cast<std::size_t>(st.bytes_reserved.current) + pending_bytes +
+            bytes >
+        capacity)
+      return false;
+    pending_bytes += bytes;
+    return true;
+  }
+
+  // Releases every segment that is wholly free, safe and not mapped by a
+  // stitched range. Returns bytes released.
+  std::size_t ReleaseFreeSegments(std::unique_lock<std::mutex>& lk) {
+    std::vector<Segment> doomed;
+    for (auto it = segs.begin(); it != segs.end();) {
+      Segment& seg = it->second;
+      const Block& first = seg.blocks.begin()->second;
+      if (seg.stitch_refs == 0 && seg.blocks.size() == 1 &&
+          first.state == BlockState::kFree && Safe(first.tag)) {
+        IndexRemove(it->first, 0, first);
+        doomed.push_back(std::move(seg));
+        it = segs.erase(it);
+      } else {
+        ++it;
+      }
+    }
+    if (doomed.empty()) return 0;
+    std::size_t released = 0;
+    for (const Segment& seg : doomed) {
+      const std::size_t bytes = std::size_t{seg.nchunks} * gran;
+      st.bytes_reserved.add(-static_cast<std::int64_t>(bytes));
+      st.segments.add(-1);
+      ++st.segments_released;
+      released += bytes;
+    }
+    lk.unlock();
+    int errors = 0;
+    for (const Segment& seg : doomed) {
+      const std::size_t bytes = std::size_t{seg.nchunks} * gran;
+      // The memory is gone from the lake whatever the driver says; a failure
+      // here is counted, not retried.
+      if (drv.unmap(seg.va, bytes) != Status::kOk) ++errors;
+      if (drv.release(seg.handle) != Status::kOk) ++errors;
+      if (drv.address_free(seg.va, bytes) != Status::kOk) ++errors;
+    }
+    lk.lock();
+    st.driver_errors += static_cast<std::uint64_t>(errors);
+    return released;
+  }
+
+  // ---- stitched ranges -------------------------------------------------------
+
+  void StitchRefs(const Stitched& r, int delta) {
+    std::set<std::uint32_t> seen;
+    for (const Piece& p : r.pieces)
+      if (seen.insert(p.seg).second)
+        segs.at(p.seg).stitch_refs += static_cast<std::uint32_t>(delta);
+  }
+
+  // Calls f(seg, start, n) for each run of the first `used` chunks.
+  template <typename F>
+  static void ForUsed(const Stitched& r, std::uint32_t used, F&& f) {
+    for (const Piece& p : r.pieces) {
+      if (used == 0) break;
+      const std::uint32_t k = std::min(used, p.n);
+      f(p.seg, p.start, k);
+      used -= k;
+    }
+  }
+
+  // Unmaps a stitched range that is not in use (lock released meanwhile).
+  void DropStitched(std::unique_lock<std::mutex>& lk, std::uint64_t id) {
+    Stitched& r = stitched.at(id);
+    if (r.cached) {
+      lru.erase(r.lru);
+      r.cached = false;
+    }
+    r.dropping = true;
+    const std::uintptr_t va = r.va;
+    const std::vector<Piece> pieces = r.pieces;
+    lk.unlock();
+    int errors = 0;
+    std::uintptr_t at = va;
+    for (const Piece& p : pieces) {
+      if (drv.unmap(at, std::size_t{p.n} * gran) != Status::kOk) ++errors;
+      at += std::size_t{p.n} * gran;
+    }
+    if (drv.address_free(va, at - va) != Status::kOk) ++errors;
+    lk.lock();
+    st.driver_errors += static_cast<std::uint64_t>(errors);
+    Stitched& r2 = stitched.at(id);
+    StitchRefs(r2, -1);
+    st.stitched_bytes.add(-static_cast<std::int64_t>(at - va));
+    ++st.stitch_evictions;
+    stitched.erase(id);
+  }
+
+  // Drops cached stitched ranges, oldest first, while `keep` is exceeded.
+  void TrimCache(std::unique_lock<std::mutex>& lk, std::size_t keep) {
+    while (lru.size() > keep) {
+      std::uint64_t victim = 0;
+      for (auto it = lru.rbegin(); it != lru.rend(); ++it)
+        if (Safe(stitched.at(*it).tag)) {
+          victim = *it;
+          break;
+        }
+      if (victim == 0) return;  // all still in flight
+      DropStitched(lk, victim);
+    }
+  }
+
+  // ---- the allocation states -------------------------------------------------
+
+  // A free block of >= n chunks usable by stream s (best fit), or false.
+  bool FindFit(std::uint32_t n, Stream s, FreeKey* out) const {
+    for (auto it = free_index.lower_bound(FreeKey(n, 0, 0));
+         it != free_index.end(); ++it) {
+      const auto [len, seg_id, start] = *it;
+      if (Usable(segs.at(seg_id).blocks.at(start).tag, s)) {
+        *out = *it;
+        return true;
+      }
+    }
+    return false;
+  }
+
+  // Claims n chunks of one primary block for `state`/`owner`: best fit, else
+  // a new segment. kOutOfMemory when neither is possible; *how tells which.
+  Status ClaimPrimary(std::unique_lock<std::mutex>& lk, std::uint32_t n,
+                      Stream s, BlockState state, std::uint64_t owner,
+                      std::uint32_t* seg_out, std::uint32_t* start_out,
+                      AllocState* how) {
+    FreeKey fit;
+    if (FindFit(n, s, &fit)) {
+      const auto [len, seg_id, start] = fit;
+      Carve(seg_id, start, n, state, owner);
+      *seg_out = seg_id;
+      *start_out = start;
+      *how = len == n ? AllocState::fit : AllocState::split;
+      return Status::kOk;
+    }
+    if (!ClaimCapacity(n)) return Status::kOutOfMemory;
+    Status cs = CreateSegment(lk, n, seg_out);
+    if (cs != Status::kOk) return cs;
+    Carve(*seg_out, 0, n, state, owner);
+    *start_out = 0;
+    *how = AllocState::grow;
+    return Status::kOk;
+  }
+
+  // Runs `attempt` (returning kOutOfMemory when memory is short) and, while
+  // it fails for lack of memory, reclaims in rising cost: query stream
+  // events, wait for them, then drop cached stitched ranges and release free
+  // segments.
+  template <typename F>
+  Status WithReclaim(std::unique_lock<std::mutex>& lk, F&& attempt) {
+    Status r = attempt();
+    if (r != Status::kOutOfMemory) return r;
+    ++st.reclaims;
+    for (int round = 0; round < 3; ++round) {
+      bool progress = false;
+      if (round == 0) {
+        progress = AdvanceStreams();
+      } else if (round == 1) {
+        progress = WaitStreams(lk);
+      } else {
+        const std::size_t cached = lru.size();
+        TrimCache(lk, 0);
+        progress = ReleaseFreeSegments(lk) > 0 || lru.size() != cached;
+      }
+      if (!progress) continue;
+      Coalesce();
+      FlushDeferredSmall();
+      r = attempt();
+      if (r != Status::kOutOfMemory) return r;
+    }
+    return Status::kOutOfMemory;
+  }
+
+  Alloc StitchedAlloc(std::uint64_t id, std::size_t size, Stream s) const {
+    Alloc a;
+    a.size = size;
+    a.rounded = std::size_t{stitched.at(id).used} * gran;
+    a.stream = s;
+    a.kind = Kind::kStitched;
+    a.owner = id;
+    return a;
+  }
+
+  bool TryReuse(std::uint32_t n, Stream s, std::size_t size,
+                std::uintptr_t* addr) {
+    for (auto it = lru.begin(); it != lru.end(); ++it) {
+      Stitched& r = stitched.at(*it);
+      if (r.nchunks < n) continue;
+      // Reusing the range's VA from another stream needs its last use done.
+      if (!Usable(r.tag, s)) continue;
+      bool ok = true;
+      ForUsed(r, n, [&](std::uint32_t seg, std::uint32_t start,
+                        std::uint32_t k) {
+        ok = ok && RangeFree(seg, start, k, s);
+      });
+      if (!ok) continue;
+      const std::uint64_t id = *it;
+      lru.erase(it);
+      r.cached = false;
+      r.used = n;
+      ForUsed(r, n, [&](std::uint32_t seg, std::uint32_t start,
+                        std::uint32_t k) {
+        Carve(seg, start, k, BlockState::kLent, id);
+      });
+      *addr = r.va;
+      OnAllocated(*addr, StitchedAlloc(id, size, s), AllocState::stitch_reuse);
+      return true;
+    }
+    return false;
+  }
+
+  // Chooses free blocks usable by s, largest first, up to n chunks. Returns
+  // the chunks covered.
+  std::uint32_t PlanStitch(std::uint32_t n, Stream s,
+                           std::vector<Piece>* plan) {
+    std::uint32_t got = 0;
+    for (auto it = free_index.rbegin(); it != free_index.rend() && got < n;
+         ++it) {
+      auto [len, seg_id, start] = *it;
+      if (!Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
+      const std::uint32_t k = std::min(len, n - got);
+      plan->push_back(Piece{seg_id, start, k});
+      got += k;
+      if (opt.max_pieces && plan->size() >= opt.max_pieces) break;
+    }
+    // A shortfall segment needs a piece of its own.
+    if (got < n && opt.max_pieces) {
+      while (!plan->empty() && plan->size() + 1 > opt.max_pieces) {
+        got -= plan->back().n;
+        plan->pop_back();
+      }
+    }
+    return got;
+  }
+
+  // Maps `pieces` into a new range of n chunks and lends it to a live
+  // allocation. The pieces must already be carved as kLent to `id`.
+  Status MapStitched(std::unique_lock<std::mutex>& lk, std::uint64_t id,
+                     std::uint32_t n) {
+    const std::vector<Piece> pieces = stitched.at(id).pieces;
+    std::vector<std::pair<Handle, std::size_t>> src;  // handle, byte offset
+    for (const Piece& p : pieces) {
+      const Segment& seg = segs.at(p.seg);
+      src.emplace_back(seg.handle, std::size_t{p.start} * gran);
+    }
+    const std::size_t bytes = std::size_t{n} * gran;
+    lk.unlock();
+    std::uintptr_t va = 0;
+    Status s = drv.reserve(bytes, &va);
+    std::size_t mapped = 0;
+    std::size_t done_bytes = 0;
+    if (s == Status::kOk) {
+      for (; mapped < pieces.size(); ++mapped) {
+        const std::size_t pb = std::size_t{pieces[mapped].n} * gran;
+        s = drv.map(va + done_bytes, pb, src[mapped].second,
+                    src[mapped].first);
+        if (s != Status::kOk) break;
+        done_bytes += pb;
+      }
+      if (s == Status::kOk) s = drv.set_access(va, bytes);
+      if (s != Status::kOk) {
+        std::uintptr_t at = va;
+        for (std::size_t i = 0; i < mapped; ++i) {
+          drv.unmap(at, std::size_t{pieces[i].n} * gran);
+          at += std::size_t{pieces[i].n} * gran;
+        }
+        drv.address_free(va, bytes);
+      }
+    }
+    lk.lock();
+    Stitched& r = stitched.at(id);
+    r.mapping = false;
+    if (s != Status::kOk) return s;
+    r.va = va;
+    st.stitched_bytes.add(static_cast<std::int64_t>(bytes));
+    st.stitch_pieces += pieces.size();
+    st.stitched_bytes_total += bytes;
+    return Status::kOk;
+  }
+
+  // Undoes a failed stitch: returns the lent pieces to the free pool with
+  // the tags they had.
+  void AbandonStitched(std::uint64_t id, const std::vector<Tag>& tags) {
+    Stitched& r = stitched.at(id);
+    StitchRefs(r, -1);
+    for (std::size_t i = 0; i < r.pieces.size(); ++i)
+      MakeFree(r.pieces[i].seg, r.pieces[i].start, tags[i]);
+    stitched.erase(id);
+  }
+
+  // Stitches free blocks (plus, if allowed, a new segment for the shortfall)
+  // into a range of n chunks. Returns kOk and sets *addr on success;
+  // kOutOfMemory if stitching cannot serve the request (nothing changed).
+  Status TryStitch(std::unique_lock<std::mutex>& lk, std::uint32_t n,
+                   Stream s, std::size_t size, std::uintptr_t* addr,
+                   AllocState* state) {
+    if (!opt.stitch || size < opt.stitch_min) return Status::kOutOfMemory;
+    std::vector<Piece> plan;
+    const std::uint32_t got = PlanStitch(n, s, &plan);
+    if (plan.empty()) return Status::kOutOfMemory;
+    const std::uint32_t shortfall = n - got;
+    if (shortfall > 0 && (!opt.stitch_grow || !ClaimCapacity(shortfall)))
+      return Status::kOutOfMemory;
+    bool grew = false;
+    std::vector<Tag> tags;
+    const std::uint64_t id = next_id++;
+    // Claim the planned pieces before releasing the lock.
+    for (const Piece& p : plan) {
+      tags.push_back(segs.at(p.seg).blocks.at(p.start).tag);
+      Carve(p.seg, p.start, p.n, BlockState::kLent, id);
+    }
+    Stitched& r0 = stitched[id];
+    r0.pieces = plan;
+    r0.mapping = true;
+    r0.nchunks = got;
+    StitchRefs(r0, +1);
+    if (shortfall > 0) {
+      std::uint32_t seg_id = 0;
+      Status cs = CreateSegment(lk, shortfall, &seg_id);
+      if (cs != Status::kOk) {
+        AbandonStitched(id, tags);
+        return cs;
+      }
+      Carve(seg_id, 0, shortfall, BlockState::kLent, id);
+      Stitched& r = stitched.at(id);
+      r.pieces.push_back(Piece{seg_id, 0, shortfall});
+      r.nchunks = n;
+      tags.push_back(Tag{});
+      segs.at(seg_id).stitch_refs += 1;
+      grew = true;
+    }
+    Status ms = MapStitched(lk, id, n);
+    if (ms != Status::kOk) {
+      ++st.driver_errors;
+      AbandonStitched(id, tags);
+      return ms;
+    }
+    Stitched& r = stitched.at(id);
+    r.used = n;
+    *addr = r.va;
+    *state = grew ? AllocState::stitch_grow : AllocState::stitch;
+    OnAllocated(*addr, StitchedAlloc(id, size, s), *state);
+    return Status::kOk;
+  }
+
+  // One pass of the large-request states. kOutOfMemory: nothing fit.
+  Status LargeOnce(std::unique_lock<std::mutex>& lk, std::uint32_t n,
+                   Stream s, std::size_t size, std::uintptr_t* addr,
+                   AllocState* state) {
+    FreeKey fit;
+    bool found = FindFit(n, s, &fit);
+    if (!found && TryReuse(n, s, size, addr)) {
+      *state = AllocState::stitch_reuse;
+      return Status::kOk;
+    }
+    // Before mapping or creating anything, see whether frees of other
+    // streams have completed meanwhile (an event query each, no wait).
+    if (!found && AdvanceStreams(s)) {
+      Coalesce();
+      FlushDeferredSmall();
+      found = FindFit(n, s, &fit);
+      if (!found && TryReuse(n, s, size, addr)) {
+        *state = AllocState::stitch_reuse;
+        return Status::kOk;
+      }
+    }
+    if (!found) {
+      Status r = TryStitch(lk, n, s, size, addr, state);
+      if (r != Status::kOutOfMemory) return r;
+    }
+    std::uint32_t seg = 0, start = 0;
+    Status r = ClaimPrimary(lk, n, s, BlockState::kLive, 0, &seg, &start,
+                            state);
+    if (r != Status::kOk) return r;
+    Alloc a;
+    a.size = size;
+    a.rounded = std::size_t{n} * gran;
+    a.stream = s;
+    a.kind = Kind::kPrimary;
+    a.seg = seg;
+    a.start = start;
+    *addr = segs.at(seg).va + std::size_t{start} * gran;
+    OnAllocated(*addr, a, *state);
+    return Status::kOk;
+  }
+
+  // ---- small requests --------------------------------------------------------
+
+  // A new slab for stream s: one primary block (never a stitch, which would
+  // tie a stitched range to the long-lived small pool).
+  Status NewSlab(std::unique_lock<std::mutex>& lk, Stream s) {
+    const std::uint32_t n = static_cast<std::uint32_t>(slab_bytes / gran);
+    const std::uint64_t id = next_id++;
+    std::uint32_t seg = 0, start = 0;
+    AllocState how;
+    Status r =
+        ClaimPrimary(lk, n, s, BlockState::kSlab, id, &seg, &start, &how);
+    if (r != Status::kOk) return r;
+    Slab& sl = slabs[id];
+    sl.seg = seg;
+    sl.start = start;
+    sl.nchunks = n;
+    sl.base = segs.at(seg).va + std::size_t{start} * gran;
+    sl.bytes = slab_bytes;
+    sl.stream = s;
+    sl.free.emplace(0, slab_bytes);
+    slab_by_base.emplace(sl.base, id);
+    small_free[s].emplace(slab_bytes, sl.base);
+    st.bytes_small_reserved.add(static_cast<std::int64_t>(slab_bytes));
+    return Status::kOk;
+  }
+
+  // Serves a small request from stream s's slabs; false if none has room.
+  bool SmallFromPool(std::size_t size, std::size_t len, Stream s,
+                     std::uintptr_t* addr) {
+    auto& pool = small_free[s];
+    auto it = pool.lower_bound({len, 0});
+    if (it == pool.end()) return false;
+    const auto [flen, faddr] = *it;
+    pool.erase(it);
+    const std::uint64_t id =
+        std::prev(slab_by_base.upper_bound(faddr))->second;
+    Slab& sl = slabs.at(id);
+    const std::size_t off = faddr - sl.base;
+    sl.free.erase(off);
+    if (flen > len) {
+      sl.free.emplace(off + len, flen - len);
+      pool.emplace(flen - len, faddr + len);
+    }
+    sl.used += len;
+    Alloc a;
+    a.size = size;
+    a.rounded = len;
+    a.stream = s;
+    a.kind = Kind::kSmall;
+    a.owner = id;
+    *addr = faddr;
+    OnAllocated(faddr, a, AllocState::small);
+    return true;
+  }
+
+  // Returns a small range to its slab, merging neighbours; an empty slab
+  // goes back to the large pool.
+  void ReturnSmall(std::uint64_t slab_id, std::size_t off, std::size_t len) {
+    Slab& sl = slabs.at(slab_id);
+    auto& pool = small_free[sl.stream];
+    sl.used -= len;
+    auto next = sl.free.lower_bound(off);
+    if (next != sl.free.end() && next->first == off + len) {
+      pool.erase({next->second, sl.base + next->first});
+      len += next->second;
+      next = sl.free.erase(next);
+    }
+    if (next != sl.free.begin()) {
+      auto prev = std::prev(next);
+      if (prev->first + prev->second == off) {
+        pool.erase({prev->second, sl.base + prev->first});
+        off = prev->first;
+        len += prev->second;
+        sl.free.erase(prev);
+      }
+    }
+    if (sl.used > 0) {
+      sl.free.emplace(off, len);
+      pool.emplace(len, sl.base + off);
+      return;
+    }
+    // Empty slab: its chunks go back to the large pool, tagged with the
+    // stream the slab served (its last uses were all ordered on it).
+    slab_by_base.erase(sl.base);
+    st.bytes_small_reserved.add(-static_cast<std::int64_t>(sl.bytes));
+    const std::uint32_t seg = sl.seg, start = sl.start;
+    const Stream owner_stream = sl.stream;
+    slabs.erase(slab_id);
+    MakeFree(seg, start, FreeTag(owner_stream));
+  }
+
+  // A small range freed on another stream than its slab's waits here until
+  // that free is complete; only then may the slab's stream reuse it.
+  struct Deferred {
+    Tag tag;
+    std::uint64_t slab;
+    std::size_t off, len;
+  };
+  std::vector<Deferred> deferred_small;
+
+  void FreeSmall(std::uintptr_t addr, const Alloc& a, Stream s) {
+    const Slab& sl = slabs.at(a.owner);
+    const std::size_t off = addr - sl.base;
+    if (s != sl.stream) {
+      deferred_small.push_back(Deferred{FreeTag(s), a.owner, off, a.rounded});
+      return;
+    }
+    ReturnSmall(a.owner, off, a.rounded);
+  }
+
+  void FlushDeferredSmall() {
+    std::size_t keep = 0;
+    for (std::size_t i = 0; i < deferred_small.size(); ++i) {
+      const Deferred d = deferred_small[i];
+      if (Safe(d.tag))
+        ReturnSmall(d.slab, d.off, d.len);
+      else
+        deferred_small[keep++] = d;
+    }
+    deferred_small.resize(keep);
+  }
+
+  Status Small(std::unique_lock<std::mutex>& lk, std::size_t size, Stream s,
+               std::uintptr_t* addr) {
+    const std::size_t len = RoundUp(size, opt.alignment);
+    if (SmallFromPool(size, len, s, addr)) return Status::kOk;
+    if (!deferred_small.empty()) {
+      if (AdvanceStreams()) FlushDeferredSmall();
+      if (SmallFromPool(size, len, s, addr)) return Status::kOk;
+    }
+    Status r = WithReclaim(lk, [&] { return NewSlab(lk, s); });
+    if (r != Status::kOk) return r;
+    SmallFromPool(size, len, s, addr);
+    return Status::kOk;
+  }
+
+  // ---- check -----------------------------------------------------------------
+
+  std::string Check() const {
+    std::ostringstream e;
+    std::size_t reserved = 0, free_blocks = 0;
+    std::unordered_map<std::uint64_t, std::uint32_t> lent_by;  // id -> chunks
+    std::unordered_map<std::uint32_t, std::uint32_t> refs;
+    for (const auto& [id, r] : stitched) {
+      std::set<std::uint32_t> seen;
+      std::uint32_t total = 0;
+      for (const Piece& p : r.pieces) {
+        if (!segs.count(p.seg)) {
+          e << "stitched range " << id << " maps missing segment " << p.seg;
+          return e.str();
+        }
+        if (p.start + p.n > segs.at(p.seg).nchunks) {
+          e << "stitched range " << id << " maps past segment " << p.seg;
+          return e.str();
+        }
+        if (seen.insert(p.seg).second) ++refs[p.seg];
+        total += p.n;
+      }
+      if (total != r.nchunks) {
+        e << "stitched range " << id << " pieces cover " << total
+          << " chunks, expected " << r.nchunks;
+        return e.str();
+      }
+      if (r.used > r.nchunks) {
+        e << "stitched range " << id << " lends more chunks than it maps";
+        return e.str();
+      }
+    }
+    for (const auto& [id, seg] : segs) {
+      reserved += std::size_t{seg.nchunks} * gran;
+      std::uint32_t at = 0;
+      for (const auto& [start, b] : seg.blocks) {
+        if (start != at || b.end <= start || b.end > seg.nchunks) {
+          e << "segment " << id << " blocks do not tile it at chunk " << start;
+          return e.str();
+        }
+        at = b.end;
+        const std::uint32_t n = b.end - start;
+        if (b.state == BlockState::kFree) {
+          ++free_blocks;
+          if (!free_index.count(FreeKey(n, id, start))) {
+            e << "free block " << id << ":" << start << " not indexed";
+            return e.str();
+          }
+        } else if (b.state == BlockState::kLent) {
+          auto rit = stitched.find(b.owner);
+          if (rit == stitched.end()) {
+            e << "block " << id << ":" << start << " lent to missing range";
+            return e.str();
+          }
+          // The block must lie within the lent prefix of its range.
+          bool inside = false;
+          const Stitched& r = rit->second;
+          ForUsed(r, r.mapping ? r.nchunks : r.used,
+                  [&](std::uint32_t sg, std::uint32_t s0, std::uint32_t k) {
+                    if (sg == id && start >= s0 && b.end <= s0 + k)
+                      inside = true;
+                  });
+          if (!inside) {
+            e << "block " << id << ":" << start
+              << " is lent outside its range's live chunks";
+            return e.str();
+          }
+          lent_by[b.owner] += n;
+        } else if (b.state == BlockState::kSlab) {
+          auto sit = slabs.find(b.owner);
+          if (sit == slabs.end() || sit->second.seg != id ||
+              sit->second.start != start || sit->second.nchunks != n) {
+            e << "slab block " << id << ":" << start << " has no slab";
+            return e.str();
+          }
+        } else if (b.state == BlockState::kLive) {
+          auto lit = live.find(seg.va + std::size_t{start} * gran);
+          if (lit == live.end() || lit->second.kind != Kind::kPrimary ||
+              lit->second.rounded != std::size_t{n} * gran) {
+            e << "live block " << id << ":" << start << " has no allocation";
+            return e.str();
+          }
+        }
+      }
+      if (at != seg.nchunks) {
+        e << "segment " << id << " blocks end at " << at << " of "
+          << seg.nchunks;
+        return e.str();
+      }
+      const std::uint32_t want = refs.count(id) ? refs.at(id) : 0;
+      if (seg.stitch_refs != want) {
+        e << "segment " << id << " stitch_refs " << seg.stitch_refs
+          << ", expected " << want;
+        return e.str();
+      }
+    }
+    if (free_blocks != free_index.size()) {
+      e << "free index has " << free_index.size() << " entries for "
+        << free_blocks << " free blocks";
+      return e.str();
+    }
+    std::size_t stitched_va = 0, cached = 0;
+    for (const auto& [id, r] : stitched) {
+      if (!r.mapping) stitched_va += std::size_t{r.nchunks} * gran;
+      const std::uint32_t lent = lent_by.count(id) ? lent_by.at(id) : 0;
+      const std::uint32_t want = r.mapping ? r.nchunks : r.used;
+      if (lent != want) {
+        e << "stitched range " << id << " has " << lent
+          << " chunks lent, expected " << want;
+        return e.str();
+      }
+      if (r.cached) ++cached;
+      if (r.cached == (r.used > 0) && !r.mapping && !r.dropping) {
+        e << "stitched range " << id << " is both live and cached or neither";
+        return e.str();
+      }
+    }
+    if (cached != lru.size()) {
+      e << "stitch cache holds " << lru.size() << " ids for " << cached
+        << " cached ranges";
+      return e.str();
+    }
+    std::size_t in_use = 0, rounded = 0, small_reserved = 0;
+    for (const auto& [addr, a] : live) {
+      in_use += a.size;
+      rounded += a.rounded;
+      if (a.size > a.rounded || addr % opt.alignment != 0) {
+        e << "allocation " << addr << " is misaligned or over its size";
+        return e.str();
+      }
+      if (a.kind == Kind::kStitched) {
+        auto rit = stitched.find(a.owner);
+        if (rit == stitched.end() || rit->second.va != addr ||
+            std::size_t{rit->second.used} * gran != a.rounded) {
+          e << "stitched allocation " << addr << " does not match its range";
+          return e.str();
+        }
+      }
+    }
+    for (const auto& [id, sl] : slabs) {
+      small_reserved += sl.bytes;
+      std::size_t free_bytes = 0;
+      for (const auto& [off, len] : sl.free) {
+        free_bytes += len;
+        auto pit = small_free.find(sl.stream);
+        if (pit == small_free.end() || !pit->second.count({len, sl.base + off})) {
+          e << "small range at slab " << id << "+" << off << " not indexed";
+          return e.str();
+        }
+      }
+      if (free_bytes + sl.used != sl.bytes) {
+        e << "slab " << id << " accounts " << free_bytes + sl.used << " of "
+          << sl.bytes << " bytes";
+        return e.str();
+      }
+    }
+    auto gauge = [&](const char* name, std::int64_t have, std::size_t want) {
+      if (e.tellp() == 0 && have != static_cast<std::int64_t>(want))
+        e << "gauge " << name << " is " << have << ", expected " << want;
+    };
+    gauge("bytes_reserved", st.bytes_reserved.current, reserved);
+    gauge("bytes_in_use", st.bytes_in_use.current, in_use);
+    gauge("bytes_in_use_rounded", st.bytes_in_use_rounded.current, rounded);
+    gauge("bytes_small_reserved", st.bytes_small_reserved.current,
+          small_reserved);
+    gauge("stitched_bytes", st.stitched_bytes.current, stitched_va);
+    gauge("segments", st.segments.current, segs.size());
+    gauge("live_allocations", st.live_allocations.current, live.size());
+    if (e.tellp() == 0 && reserved + pending_bytes > capacity)
+      e << "reserved " << reserved << " bytes exceed capacity " << capacity;
+    return e.str();
+  }
+
+  void DebugCheck() const {
+#if defined(JAXLAKE_DEBUG) && JAXLAKE_DEBUG
+    std::string err = Check();
+    if (!err.empty()) {
+      std::fprintf(stderr, "jaxlake: invariant broken: %s\n", err.c_str());
+      std::abort();
+    }
+#endif
+  }
+
+  std::string Describe() const {
+    std::size_t largest = 0, free_chunks = 0;
+    if (!free_index.empty()) largest = std::get<0>(*free_index.rbegin());
+    for (const auto& k : free_index) free_chunks += std::get<0>(k);
+    std::ostringstream o;
+    o << "in use " << Bytes(st.bytes_in_use.current) << " (peak "
+      << Bytes(st.bytes_in_use.peak) << "), reserved "
+      << Bytes(st.bytes_reserved.current) << " (peak "
+      << Bytes(st.bytes_reserved.peak) << ") of capacity " << Bytes(capacity)
+      << ", free " << Bytes(free_chunks * gran) << " in "
+      << free_index.size() << " blocks (largest " << Bytes(largest * gran)
+      << "), small pool " << Bytes(st.bytes_small_reserved.current)
+      << ", cached stitched ranges " << lru.size() << ", live allocations "
+      << live.size();
+    return o.str();
+  }
+};
+
+// ---------------------------------------------------------------------------
+
+Lake::Lake(vmm::Driver& driver, const LakeOptions& options)
+    : impl_(std::make_unique<Impl>(driver, options)) {
+  assert(ValidateOptions(options, driver).empty());
+}
+
+Lake::~Lake() {
+  Impl& m = *impl_;
+  std::unique_lock<std::mutex> lk(m.mu);
+  std::vector<std::uint64_t> ids;
+  for (const auto& [id, r] : m.stitched) ids.push_back(id);
+  for (std::uint64_t id : ids) m.DropStitched(lk, id);
+  for (auto& [id, seg] : m.segs) {
+    const std::size_t bytes = std::size_t{seg.nchunks} * m.gran;
+    m.drv.unmap(seg.va, bytes);
+    m.drv.release(seg.handle);
+    m.drv.address_free(seg.va, bytes);
+  }
+  for (auto& [s, ss] : m.streams)
+    if (ss.event) m.drv.event_destroy(ss.event);
+}
+
+Status Lake::allocate(std::size_t nbytes, Stream stream,
+                      std::uintptr_t* address, AllocState* state) {
+  Impl& m = *impl_;
+  AllocState dummy;
+  if (!state) state = &dummy;
+  if (nbytes == 0 || address == nullptr) return Status::kInvalidValue;
+  std::unique_lock<std::mutex> lk(m.mu);
+  Status r;
+  if (nbytes <= m.opt.small_limit) {
+    r = m.Small(lk, nbytes, stream, address);
+    if (r == Status::kOk) *state = AllocState::small;
+  } else {
+    const std::size_t chunks = nbytes / m.gran + (nbytes % m.gran != 0);
+    if (chunks > m.capacity / m.gran) {
+      r = Status::kOutOfMemory;
+    } else {
+      const auto n = static_cast<std::uint32_t>(chunks);
+      r = m.WithReclaim(lk, [&] {
+        return m.LargeOnce(lk, n, stream, nbytes, address, state);
+      });
+    }
+  }
+  if (r == Status::kOutOfMemory) {
+    ++m.st.ooms;
+    m.last_error = "out of memory allocating " + Bytes(nbytes) + " (" +
+                   std::to_string(nbytes) + " bytes) on stream " +
+                   std::to_string(stream) + ": " + m.Describe();
+  } else if (r != Status::kOk) {
+    m.last_error = std::string("driver error ") + vmm::StatusName(r) +
+                   " allocating " + std::to_string(nbytes) + " bytes: " +
+                   m.Describe();
+  }
+  m.DebugCheck();
+  return r;
+}
+
+Status Lake::free(std::uintptr_t address, Stream stream) {
+  Impl& m = *impl_;
+  std::unique_lock<std::mutex> lk(m.mu);
+  auto it = m.live.find(address);
+  if (it == m.live.end()) return Status::kInvalidValue;
+  const Alloc a = it->second;
+  m.live.erase(it);
+  m.st.bytes_in_use.add(-static_cast<std::int64_t>(a.size));
+  m.st.bytes_in_use_rounded.add(-static_cast<std::int64_t>(a.rounded));
+  m.st.live_allocations.add(-1);
+  ++m.st.frees;
+  m.Record(false, address, a.size, stream, AllocState::small);
+  switch (a.kind) {
+    case Kind::kSmall:
+      m.FreeSmall(address, a, stream);
+      break;
+    case Kind::kPrimary:
+      m.MakeFree(a.seg, a.start, m.FreeTag(stream));
+      break;
+    case Kind::kStitched: {
+      const Tag tag = m.FreeTag(stream);
+      Stitched& r = m.stitched.at(a.owner);
+      std::vector<Piece> used;
+      Impl::ForUsed(r, r.used, [&](std::uint32_t seg, std::uint32_t start,
+                                   std::uint32_t k) {
+        used.push_back(Piece{seg, start, k});
+      });
+      r.used = 0;
+      r.tag = tag;
+      r.cached = true;
+      m.lru.push_front(a.owner);
+      r.lru = m.lru.begin();
+      for (const Piece& p : used) m.MakeFree(p.seg, p.start, tag);
+      m.TrimCache(lk, m.opt.stitch_cache);
+      break;
+    }
+  }
+  m.DebugCheck();
+  return Status::kOk;
+}
+
+std::size_t Lake::allocation_size(std::uintptr_t address) const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  auto it = impl_->live.find(address);
+  return it == impl_->live.end() ? 0 : it->second.size;
+}
+
+std::size_t Lake::empty_cache() {
+  Impl& m = *impl_;
+  std::unique_lock<std::mutex> lk(m.mu);
+  if (m.AdvanceStreams()) m.Coalesce();
+  m.TrimCache(lk, 0);
+  const std::size_t released = m.ReleaseFreeSegments(lk);
+  m.DebugCheck();
+  return released;
+}
+
+std::string Lake::check() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->Check();
+}
+
+Stats Lake::stats() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  Stats s = impl_->st;
+  s.driver_calls = impl_->drv.calls();
+  return s;
+}
+
+std::vector<TraceEvent> Lake::trace() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->trace;
+}
+
+std::string Lake::describe() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->Describe();
+}
+
+std::string Lake::last_error() const {
+  std::lock_guard<std::mutex> lk(impl_->mu);
+  return impl_->last_error;
+}
+
+const LakeOptions& Lake::options() const { return impl_->opt; }
+std::size_t Lake::granularity() const { return impl_->gran; }
+std::size_t Lake::capacity() const { return impl_->capacity; }
+vmm::Driver& Lake::driver() const { return impl_->drv; }
+
+}  // namespace jaxlake

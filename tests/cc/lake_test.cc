@@ -1,0 +1,439 @@
+// Tests of the lake's policy over the sim and host drivers.
+#include <atomic>
+#include <chrono>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <random>
+#include <thread>
+#include <vector>
+
+#include "cc/lake/lake.h"
+#include "cc/vmm/faulty_driver.h"
+#include "cc/vmm/host_driver.h"
+#include "cc/vmm/sim_driver.h"
+#include "tests/cc/check.h"
+
+namespace {
+
+using jaxlake::AllocState;
+using jaxlake::Lake;
+using jaxlake::LakeOptions;
+using jaxlake::vmm::Call;
+using jaxlake::vmm::Status;
+
+constexpr std::size_t kMiB = std::size_t{1} << 20;
+
+jaxlake::vmm::SimOptions Small(std::size_t device = 256 * kMiB) {
+  jaxlake::vmm::SimOptions o;
+  o.granularity = 2 * kMiB;
+  o.device_bytes = device;
+  return o;
+}
+
+LakeOptions Capped(std::size_t capacity) {
+  LakeOptions o;
+  o.capacity = capacity;
+  return o;
+}
+
+std::uintptr_t Alloc(Lake& lake, std::size_t n, AllocState* how = nullptr,
+                     std::uint64_t stream = 0) {
+  std::uintptr_t p = 0;
+  AllocState state{};
+  Status s = lake.allocate(n, stream, &p, &state);
+  CHECK_EQ(static_cast<int>(s), static_cast<int>(Status::kOk));
+  if (how) *how = state;
+  return p;
+}
+
+void Fill(std::uintptr_t p, std::size_t n, unsigned char v) {
+  std::memset(reinterpret_cast<void*>(p), v, n);
+}
+bool Holds(std::uintptr_t p, std::size_t n, unsigned char v) {
+  const auto* b = reinterpret_cast<const unsigned char*>(p);
+  for (std::size_t i = 0; i < n; i += 4096)
+    if (b[i] != v) return false;
+  return b[n - 1] == v;
+}
+
+// The headline case: free every other block of a full pool, then ask for
+// more than any single free block.
+TEST(stitch_serves_scattered_free_memory_with_real_bytes) {
+  jaxlake::vmm::HostDriver drv(Small());
+  Lake lake(drv, Capped(64 * kMiB));
+  std::vector<std::uintptr_t> blocks;
+  for (int i = 0; i < 8; ++i) {
+    blocks.push_back(Alloc(lake, 8 * kMiB));
+    Fill(blocks.back(), 8 * kMiB, static_cast<unsigned char>(i + 1));
+  }
+  const auto reserved = lake.stats().bytes_reserved.current;
+  CHECK_EQ(reserved, static_cast<std::int64_t>(64 * kMiB));
+  for (int i = 0; i < 8; i += 2) CHECK(lake.free(blocks[i], 0) == Status::kOk);
+  AllocState how{};
+  const std::uintptr_t big = Alloc(lake, 24 * kMiB, &how);
+  CHECK(how == AllocState::stitch);
+  CHECK_EQ(lake.stats().bytes_reserved.current, reserved);
+  CHECK_EQ(lake.check(), std::string());
+  // Write through the stitched range; read through the primary blocks.
+  for (std::size_t off = 0; off < 24 * kMiB; off += 8 * kMiB)
+    Fill(big + off, 8 * kMiB, static_cast<unsigned char>(0xA0 + off / kMiB));
+  int seen = 0;
+  for (int i = 0; i < 8; i += 2) {
+    for (std::size_t off = 0; off < 24 * kMiB; off += 8 * kMiB)
+      if (Holds(blocks[i], 8 * kMiB,
+                static_cast<unsigned char>(0xA0 + off / kMiB)))
+        ++seen;
+  }
+  CHECK_EQ(seen, 3);  // three of the four freed blocks back the range
+  for (int i = 1; i < 8; i += 2)
+    CHECK(Holds(blocks[i], 8 * kMiB, static_cast<unsigned char>(i + 1)));
+  // Fewer map calls than chunks: one per piece plus one per segment.
+  const auto st = lake.stats();
+  CHECK_EQ(st.stitch_pieces, 3u);
+  CHECK_EQ(st.driver_calls[static_cast<int>(Call::set_access)], 9u);
+}
+
+TEST(fit_split_and_stitch_reuse) {
+  jaxlake::vmm::SimDriver drv(Small());
+  Lake lake(drv, Capped(32 * kMiB));
+  AllocState how{};
+  auto a = Alloc(lake, 10 * kMiB, &how);
+  CHECK(how == AllocState::grow);
+  CHECK(lake.free(a, 0) == Status::kOk);
+  auto b = Alloc(lake, 4 * kMiB, &how);
+  CHECK(how == AllocState::split);
+  CHECK_EQ(b, a);
+  auto c = Alloc(lake, 6 * kMiB, &how);
+  CHECK(how == AllocState::fit);
+  CHECK(lake.free(b, 0) == Status::kOk);
+  // 4 MiB free: 22 MiB takes it and creates only the other 18 MiB.
+  auto d = Alloc(lake, 22 * kMiB, &how);
+  CHECK(how == AllocState::stitch_grow);
+  CHECK_EQ(lake.stats().bytes_reserved.current,
+           static_cast<std::int64_t>(28 * kMiB));
+  CHECK(lake.free(d, 0) == Status::kOk);
+  auto e = Alloc(lake, 2 * kMiB, &how);  // best fit: the 4 MiB block
+  CHECK(how == AllocState::split);
+  CHECK_EQ(e, a);
+  CHECK(lake.free(c, 0) == Status::kOk);
+  // Free now: 8 MiB behind e, and the 18 MiB segment.
+  auto f = Alloc(lake, 26 * kMiB, &how);
+  CHECK(how == AllocState::stitch);
+  const auto maps = drv.calls(Call::map);
+  CHECK(lake.free(f, 0) == Status::kOk);
+  // A smaller request reuses the cached range's leading chunks.
+  auto g = Alloc(lake, 20 * kMiB, &how);
+  CHECK(how == AllocState::stitch_reuse);
+  CHECK_EQ(g, f);
+  CHECK_EQ(drv.calls(Call::map), maps);  // reuse maps nothing
+  CHECK_EQ(lake.stats().bytes_in_use_rounded.current,
+           static_cast<std::int64_t>(22 * kMiB));
+  CHECK_EQ(lake.check(), std::string());
+  auto h = Alloc(lake, 6 * kMiB, &how);  // the chunks g left free
+  CHECK(how == AllocState::stitch || how == AllocState::fit ||
+        how == AllocState::split);
+  CHECK_EQ(lake.stats().bytes_reserved.current,
+           static_cast<std::int64_t>(28 * kMiB));
+  for (auto p : {g, e, h}) CHECK(lake.free(p, 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+TEST(stitch_grow_creates_only_the_shortfall) {
+  jaxlake::vmm::SimDriver drv(Small());
+  Lake lake(drv, Capped(64 * kMiB));
+  auto a = Alloc(lake, 8 * kMiB);
+  auto b = Alloc(lake, 8 * kMiB);
+  CHECK(lake.free(a, 0) == Status::kOk);
+  AllocState how{};
+  auto c = Alloc(lake, 12 * kMiB, &how);
+  CHECK(how == AllocState::stitch_grow);
+  CHECK_EQ(lake.stats().bytes_reserved.current,
+           static_cast<std::int64_t>(20 * kMiB));
+  CHECK(lake.free(b, 0) == Status::kOk);
+  CHECK(lake.free(c, 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+TEST(small_requests_share_slabs) {
+  jaxlake::vmm::SimDriver drv(Small());
+  Lake lake(drv, LakeOptions{});
+  std::vector<std::uintptr_t> ps;
+  for (int i = 0; i < 1000; ++i) {
+    AllocState how{};
+    ps.push_back(Alloc(lake, 1000 + i % 7, &how));
+    CHECK(how == AllocState::small);
+    CHECK_EQ(ps.back() % 256, 0u);
+  }
+  auto st = lake.stats();
+  CHECK_EQ(st.bytes_small_reserved.current, static_cast<std::int64_t>(kMiB * 2));
+  CHECK_EQ(st.bytes_reserved.current, static_cast<std::int64_t>(kMiB * 2));
+  for (auto p : ps) CHECK(lake.free(p, 0) == Status::kOk);
+  st = lake.stats();
+  CHECK_EQ(st.bytes_small_reserved.current, 0);
+  CHECK_EQ(st.bytes_in_use.current, 0);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+TEST(cross_stream_reuse_waits_for_the_event) {
+  jaxlake::vmm::SimDriver drv(Small());
+  Lake lake(drv, Capped(64 * kMiB));
+  drv.hold_stream(1);
+  auto a = Alloc(lake, 8 * kMiB, nullptr, 1);
+  CHECK(lake.free(a, 1) == Status::kOk);
+  // Stream 2 may not take a block whose last use on stream 1 is in flight.
+  auto b = Alloc(lake, 8 * kMiB, nullptr, 2);
+  CHECK(b != a);
+  // Stream 1 itself may: its own work is ordered.
+  auto c = Alloc(lake, 8 * kMiB, nullptr, 1);
+  CHECK_EQ(c, a);
+  CHECK(lake.free(c, 1) == Status::kOk);
+  CHECK(lake.free(b, 2) == Status::kOk);
+  drv.release_stream(1);
+  // After the event completes, stream 2 reuses it (fit, not grow).
+  const auto creates = drv.calls(Call::create);
+  AllocState how{};
+  Alloc(lake, 16 * kMiB, &how, 2);
+  CHECK(how != AllocState::grow);
+  CHECK_EQ(drv.calls(Call::create), creates);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+TEST(pressure_waits_for_pending_events) {
+  jaxlake::vmm::SimDriver drv(Small());
+  Lake lake(drv, Capped(8 * kMiB));
+  drv.hold_stream(1);
+  auto a = Alloc(lake, 8 * kMiB, nullptr, 1);
+  CHECK(lake.free(a, 1) == Status::kOk);
+  std::thread releaser([&] {
+    std::this_thread::sleep_for(std::chrono::milliseconds(50));
+    drv.release_stream(1);
+  });
+  auto b = Alloc(lake, 8 * kMiB, nullptr, 2);  // must wait, then reuse
+  releaser.join();
+  CHECK_EQ(b, a);
+  CHECK(lake.stats().event_waits >= 1u);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+TEST(small_range_freed_on_another_stream_is_deferred) {
+  jaxlake::vmm::SimDriver drv(Small());
+  Lake lake(drv, LakeOptions{});
+  drv.hold_stream(2);
+  auto a = Alloc(lake, 4096, nullptr, 1);
+  auto keep = Alloc(lake, 4096, nullptr, 1);
+  CHECK(lake.free(a, 2) == Status::kOk);  // last use on stream 2, in flight
+  auto b = Alloc(lake, 4096, nullptr, 1);
+  CHECK(b != a);
+  CHECK_EQ(lake.check(), std::string());
+  drv.release_stream(2);
+  CHECK(lake.free(b, 1) == Status::kOk);
+  CHECK(lake.free(keep, 1) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+TEST(out_of_memory_leaves_the_lake_usable) {
+  jaxlake::vmm::SimDriver drv(Small());
+  Lake lake(drv, Capped(16 * kMiB));
+  auto a = Alloc(lake, 12 * kMiB);
+  std::uintptr_t p = 0;
+  CHECK(lake.allocate(8 * kMiB, 0, &p) == Status::kOutOfMemory);
+  CHECK(lake.last_error().find("out of memory") != std::string::npos);
+  CHECK(lake.allocate(std::size_t{1} << 40, 0, &p) == Status::kOutOfMemory);
+  CHECK_EQ(lake.stats().ooms, 2u);
+  CHECK_EQ(lake.check(), std::string());
+  CHECK(lake.free(a, 0) == Status::kOk);
+  Alloc(lake, 16 * kMiB);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+// Holes inside one segment: without stitching only a new segment helps.
+void FragmentOneSegment(Lake& lake, std::vector<std::uintptr_t>* live) {
+  lake.free(Alloc(lake, 64 * kMiB), 0);
+  std::vector<std::uintptr_t> all;
+  for (int i = 0; i < 8; ++i) {
+    AllocState how{};
+    all.push_back(Alloc(lake, 8 * kMiB, &how));
+    CHECK(how == AllocState::split || how == AllocState::fit);
+  }
+  for (int i = 0; i < 8; ++i) {
+    if (i % 2)
+      live->push_back(all[i]);
+    else
+      CHECK(lake.free(all[i], 0) == Status::kOk);
+  }
+  CHECK_EQ(lake.stats().segments.current, 1);
+}
+
+TEST(without_stitching_fragmentation_is_fatal) {
+  jaxlake::vmm::SimDriver drv(Small());
+  LakeOptions o = Capped(64 * kMiB);
+  o.stitch = false;
+  Lake lake(drv, o);
+  std::vector<std::uintptr_t> live;
+  FragmentOneSegment(lake, &live);
+  std::uintptr_t p = 0;
+  CHECK(lake.allocate(24 * kMiB, 0, &p) == Status::kOutOfMemory);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+TEST(with_stitching_the_same_holes_serve) {
+  jaxlake::vmm::SimDriver drv(Small());
+  Lake lake(drv, Capped(64 * kMiB));
+  std::vector<std::uintptr_t> live;
+  FragmentOneSegment(lake, &live);
+  AllocState how{};
+  Alloc(lake, 32 * kMiB, &how);
+  CHECK(how == AllocState::stitch);
+  CHECK_EQ(lake.stats().stitch_pieces, 4u);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+TEST(driver_failures_roll_back) {
+  jaxlake::vmm::HostDriver host(Small());
+  jaxlake::vmm::FaultyDriver drv(host);
+  Lake lake(drv, Capped(64 * kMiB));
+  std::vector<std::uintptr_t> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(Alloc(lake, 8 * kMiB));
+  for (int i = 0; i < 8; i += 2) CHECK(lake.free(blocks[i], 0) == Status::kOk);
+  for (Call c : {Call::reserve, Call::map, Call::set_access}) {
+    drv.fail(c, c == Call::map ? 2 : 1);
+    std::uintptr_t p = 0;
+    CHECK(lake.allocate(24 * kMiB, 0, &p) == Status::kDriverError);
+    CHECK_EQ(lake.check(), std::string());
+  }
+  drv.fail(Call::create);
+  std::uintptr_t p = 0;
+  lake.free(blocks[1], 0);
+  CHECK(lake.allocate(80 * kMiB, 0, &p) == Status::kOutOfMemory);
+  CHECK_EQ(lake.check(), std::string());
+  AllocState how{};
+  auto big = Alloc(lake, 24 * kMiB, &how);
+  CHECK(how == AllocState::stitch);
+  Fill(big, 24 * kMiB, 7);
+  CHECK(Holds(big, 24 * kMiB, 7));
+  CHECK_EQ(host.mapped_bytes(), 64 * kMiB + 24 * kMiB);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+TEST(empty_cache_and_destruction_release_everything) {
+  jaxlake::vmm::SimDriver drv(Small());
+  {
+    Lake lake(drv, Capped(64 * kMiB));
+    std::vector<std::uintptr_t> blocks;
+    for (int i = 0; i < 8; ++i) blocks.push_back(Alloc(lake, 8 * kMiB));
+    for (int i = 0; i < 8; i += 2) lake.free(blocks[i], 0);
+    auto big = Alloc(lake, 24 * kMiB);
+    lake.free(big, 0);
+    for (int i = 1; i < 8; i += 2) lake.free(blocks[i], 0);
+    CHECK_EQ(lake.empty_cache(), 64 * kMiB);
+    CHECK_EQ(lake.stats().bytes_reserved.current, 0);
+    CHECK_EQ(drv.physical_bytes(), 0u);
+    CHECK_EQ(drv.reserved_bytes(), 0u);
+    Alloc(lake, 8 * kMiB);
+    Alloc(lake, 100);
+  }
+  CHECK_EQ(drv.physical_bytes(), 0u);
+  CHECK_EQ(drv.reserved_bytes(), 0u);
+  CHECK_EQ(drv.live_handles(), 0u);
+  CHECK_EQ(drv.live_events(), 0u);
+}
+
+TEST(bad_frees_are_refused) {
+  jaxlake::vmm::SimDriver drv(Small());
+  Lake lake(drv, LakeOptions{});
+  auto a = Alloc(lake, 3 * kMiB);
+  CHECK(lake.free(a + 256, 0) == Status::kInvalidValue);
+  CHECK(lake.free(a, 0) == Status::kOk);
+  CHECK(lake.free(a, 0) == Status::kInvalidValue);
+  std::uintptr_t p = 0;
+  CHECK(lake.allocate(0, 0, &p) == Status::kInvalidValue);
+  CHECK_EQ(lake.check(), std::string());
+  LakeOptions bad;
+  bad.capacity = 1000;
+  CHECK(!jaxlake::ValidateOptions(bad, drv).empty());
+  bad = LakeOptions{};
+  bad.alignment = 100;
+  CHECK(!jaxlake::ValidateOptions(bad, drv).empty());
+}
+
+// Random operations over real memory, verifying every live block's bytes.
+TEST(random_operations_keep_data_and_invariants) {
+  jaxlake::vmm::HostDriver drv(Small(512 * kMiB));
+  LakeOptions o = Capped(96 * kMiB);
+  o.stitch_cache = 4;
+  Lake lake(drv, o);
+  std::mt19937_64 rng(1234);
+  std::map<std::uintptr_t, std::pair<std::size_t, unsigned char>> live;
+  int ooms = 0;
+  for (int step = 0; step < 3000; ++step) {
+    const bool alloc = live.empty() || rng() % 100 < 55;
+    if (alloc) {
+      std::size_t n = rng() % 4 == 0 ? 1 + rng() % (64 * 1024)
+                                      : 1 + rng() % (20 * kMiB);
+      std::uintptr_t p = 0;
+      Status s = lake.allocate(n, rng() % 3, &p);
+      if (s == Status::kOutOfMemory) {
+        ++ooms;
+        continue;
+      }
+      REQUIRE(s == Status::kOk);
+      const auto v = static_cast<unsigned char>(step);
+      Fill(p, n, v);
+      live[p] = {n, v};
+    } else {
+      auto it = live.begin();
+      std::advance(it, rng() % live.size());
+      REQUIRE(Holds(it->first, it->second.first, it->second.second));
+      REQUIRE(lake.free(it->first, rng() % 3) == Status::kOk);
+      live.erase(it);
+    }
+    if (step % 50 == 0) {
+      REQUIRE_EQ(lake.check(), std::string());
+      for (auto& [p, nv] : live) REQUIRE(Holds(p, nv.first, nv.second));
+    }
+  }
+  CHECK_EQ(lake.check(), std::string());
+  CHECK(lake.stats().alloc_stitch + lake.stats().alloc_stitch_reuse > 0u);
+  (void)ooms;
+}
+
+TEST(concurrent_threads_keep_invariants) {
+  jaxlake::vmm::SimDriver drv(Small(std::size_t{8} << 30));
+  LakeOptions o = Capped(std::size_t{1} << 30);
+  Lake lake(drv, o);
+  std::atomic<int> errors{0};
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&, t] {
+      std::mt19937_64 rng(t);
+      std::vector<std::uintptr_t> mine;
+      for (int i = 0; i < 4000; ++i) {
+        if (mine.empty() || rng() % 2) {
+          std::uintptr_t p = 0;
+          std::size_t n = rng() % 3 ? 1 + rng() % 100000 : rng() % (40 * kMiB) + 1;
+          Status s = lake.allocate(n, t, &p);
+          if (s == Status::kOk)
+            mine.push_back(p);
+          else if (s != Status::kOutOfMemory)
+            ++errors;
+        } else {
+          const std::size_t k = rng() % mine.size();
+          if (lake.free(mine[k], t) != Status::kOk) ++errors;
+          mine[k] = mine.back();
+          mine.pop_back();
+        }
+      }
+      for (auto p : mine)
+        if (lake.free(p, t) != Status::kOk) ++errors;
+    });
+  }
+  for (auto& th : threads) th.join();
+  CHECK_EQ(errors.load(), 0);
+  CHECK_EQ(lake.check(), std::string());
+  CHECK_EQ(lake.stats().bytes_in_use.current, 0);
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return jaxlake::check::RunAll(argc, argv); }
