@@ -6,7 +6,28 @@ set(JAXLAKE_VMM_SOURCES
   cc/vmm/host_driver.cc
   cc/vmm/faulty_driver.cc
   cc/vmm/make_driver.cc
+  cc/vmm/cuda_driver.cc
 )
 set(JAXLAKE_LAKE_SOURCES
   cc/lake/lake.cc
+)
+set(JAXLAKE_REPLAY_SOURCES
+  cc/replay/trace.cc
+  cc/replay/policy.cc
+  cc/replay/lake_policy.cc
+  cc/replay/bfc.cc
+  cc/replay/torch.cc
+  cc/replay/gmlake.cc
+  cc/replay/engine.cc
+)
+# The libcuda.so.1 stand-in (cc/shim, x86-64 Linux). Its forwarding
+# trampolines are generated at build time from cc/shim/cuda_symbols.txt.
+set(JAXLAKE_SHIM_SOURCES
+  cc/shim/api.cc
+  cc/shim/hooks.cc
+  cc/shim/lakes.cc
+  cc/shim/loader.cc
+  cc/shim/options.cc
+  cc/shim/trace.cc
+  cc/shim/trampolines.cc
 )

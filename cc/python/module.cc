@@ -210,6 +210,11 @@ class PyLake {
 }  // namespace
 }  // namespace jaxlake
 
+// The trace and replay bindings (cc/python/replay.cc).
+namespace jaxlake::replay {
+void BindReplay(nb::module_& m);
+}  // namespace jaxlake::replay
+
 NB_MODULE(_core, m) {
   using namespace jaxlake;
   m.doc() = "jaxlake's compiled core (private: use the package jaxlake).";
@@ -281,4 +286,6 @@ NB_MODULE(_core, m) {
            "times"_a, "status"_a)
       .def("clear_faults", &PyLake::clear_faults)
       .def("injected_faults", &PyLake::injected_faults);
+
+  replay::BindReplay(m);  // after LakeOptions, which PolicyOptions holds
 }

@@ -1,0 +1,193 @@
+"""Rebuilds the bundled trace suite from the Flax examples.
+
+    python benchmarks/traces/build.py            # every trace, here
+    python benchmarks/traces/build.py --list     # what it would run
+    python benchmarks/traces/build.py --only 1b --jobs 2
+
+Each trace is one run of an example (examples/*.py) with --trace: run on
+the CPU, sized by a device-less H100 compile (see jaxlake/_src/recorder.py).
+Models too big for the CPU (--compile-only) are compiled and not run. Needs
+the `examples` extra (pip install 'jaxlake[examples]'); no GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import concurrent.futures
+import fnmatch
+import gzip
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Dict, List, NamedTuple, Optional, Sequence
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+class Spec(NamedTuple):
+    name: str            # the trace's name and file stem
+    script: str          # which example
+    args: Sequence[str]  # its options (besides --trace)
+    about: str           # one line for the README table
+
+
+_SMALL = ("--preset", "small", "--steps", "12", "--batch", "16",
+          "--seq-len", "128")
+_BIG = ("--dtype", "bfloat16", "--compile-only", "--steps", "6")
+
+SUITE: List[Spec] = [
+    Spec("lm-tiny", "train_lm.py",
+         ("--preset", "tiny", "--steps", "20"),
+         "the smallest LM (0.1M parameters), plain training"),
+    Spec("lm-small", "train_lm.py", _SMALL,
+         "3.2M parameters, plain training"),
+    Spec("lm-small-remat-full", "train_lm.py", _SMALL + ("--remat", "full"),
+         "every block rematerialised (nn.remat, nothing saved)"),
+    Spec("lm-small-remat-dots-saveable", "train_lm.py",
+         _SMALL + ("--remat", "dots-saveable"),
+         "nn.remat keeping matmul outputs"),
+    Spec("lm-small-buckets", "train_lm.py",
+         _SMALL + ("--seq-buckets", "32,64,96,128", "--steps", "16"),
+         "variable sequence lengths: one executable per bucket"),
+    Spec("lm-small-accum4", "train_lm.py", _SMALL + ("--grad-accum", "4"),
+         "gradient accumulation over 4 micro-batches"),
+    Spec("lm-small-eval", "train_lm.py", _SMALL + ("--eval-every", "3"),
+         "evaluation interleaved with training"),
+    Spec("lm-small-lora-r8", "finetune_lora.py", _SMALL + ("--rank", "8"),
+         "LoRA fine-tuning: frozen base, rank-8 adapters trained"),
+    Spec("lm-small-data-8dev", "train_sharded.py",
+         _SMALL + ("--layout", "data"),
+         "data parallel over 8 devices (device 0's allocations)"),
+    Spec("lm-small-fsdp-8dev", "train_sharded.py",
+         _SMALL + ("--layout", "fsdp"),
+         "FSDP over 8 devices: parameters and optimizer state sharded"),
+    Spec("lm-small-tp-8dev", "train_sharded.py",
+         _SMALL + ("--layout", "tp", "--mesh", "2x4"),
+         "tensor parallel, mesh data 2 x model 4"),
+    Spec("lm-small-per-tensor", "train_lm.py",
+         _SMALL + ("--steps", "4", "--trace-per-tensor"),
+         "one allocation per XLA logical buffer: an eager (PyTorch-like) "
+         "workload"),
+    Spec("lm-base", "train_lm.py", ("--preset", "base") + _BIG,
+         "85M parameters, compile-only"),
+    Spec("lm-medium", "train_lm.py", ("--preset", "medium") + _BIG,
+         "300M parameters, compile-only"),
+    Spec("lm-1b", "train_lm.py", ("--preset", "1b") + _BIG,
+         "1.0B parameters, compile-only"),
+    Spec("lm-1b-remat-full", "train_lm.py",
+         ("--preset", "1b", "--remat", "full") + _BIG,
+         "1.0B parameters, every block rematerialised, compile-only"),
+]
+
+
+def _env(spec: Spec, cache: Optional[str]) -> Dict[str, str]:
+    env = dict(os.environ)
+    env["JAX_PLATFORMS"] = "cpu"
+    env.pop("XLA_FLAGS", None)
+    if cache and "--trace-per-tensor" not in spec.args:
+        # Many traces share their CPU executables (init, optimizer init):
+        # jax's persistent cache compiles them once. The per-tensor trace
+        # needs XLA's dumps, which a cache hit would not write.
+        env["JAX_COMPILATION_CACHE_DIR"] = cache
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+        env["JAX_PERSISTENT_CACHE_MIN_ENTRY_SIZE_BYTES"] = "0"
+    return env
+
+
+def build_one(spec: Spec, out: Path, verbose: bool,
+              cache: Optional[str] = None) -> Dict[str, object]:
+    """Runs one example; returns the trace's summary."""
+    final = out / f"{spec.name}.jsonl.gz"
+    with tempfile.TemporaryDirectory(prefix="jaxlake-suite-") as tmp:
+        partial = Path(tmp) / final.name
+        cmd = [sys.executable, str(EXAMPLES / spec.script), "--no-progress",
+               "--no-jaxlake", *spec.args, "--trace", str(partial),
+               "--trace-name", spec.name]
+        started = time.perf_counter()
+        done = subprocess.run(cmd, env=_env(spec, cache), capture_output=True,
+                              text=True, cwd=str(ROOT))
+        seconds = time.perf_counter() - started
+        if done.returncode != 0:
+            raise RuntimeError(
+                f"{spec.name}: {' '.join(cmd)} exited {done.returncode}\n"
+                f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+        if verbose:
+            print(done.stdout.strip(), flush=True)
+        shutil.move(str(partial), final)
+    events = 0
+    with gzip.open(final, "rt", encoding="utf-8") as f:
+        header = json.loads(f.readline())
+        for _ in f:
+            events += 1
+    return {"name": spec.name, "file": final.name, "events": events,
+            "bytes": final.stat().st_size, "seconds": round(seconds, 1),
+            "params": header.get("meta", {}).get("params")}
+
+
+def select(patterns: Optional[List[str]]) -> List[Spec]:
+    if not patterns:
+        return list(SUITE)
+    chosen = [s for s in SUITE if any(
+        fnmatch.fnmatch(s.name, p) or p in s.name for p in patterns)]
+    if not chosen:
+        raise SystemExit(
+            f"error: --only {' '.join(patterns)} matches no trace; the "
+            f"traces are: {', '.join(s.name for s in SUITE)}")
+    return chosen
+
+
+def main(argv: Optional[List[str]] = None) -> int:
+    parser = argparse.ArgumentParser(
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--out", default=str(HERE),
+                        help="folder for the traces (default: this one)")
+    parser.add_argument("--only", nargs="+", metavar="PATTERN",
+                        help="build only traces whose name matches")
+    parser.add_argument("--jobs", type=int, default=1,
+                        help="examples run at once (default 1)")
+    parser.add_argument("--list", action="store_true",
+                        help="list the traces and what they show")
+    parser.add_argument("--verbose", action="store_true",
+                        help="show each example's own output")
+    args = parser.parse_args(argv)
+    specs = select(args.only)
+    if args.list:
+        for s in specs:
+            print(f"{s.name:32} {s.script:18} {s.about}")
+        return 0
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    failed = 0
+    cache = tempfile.mkdtemp(prefix="jaxlake-suite-cache-")
+    with concurrent.futures.ThreadPoolExecutor(max(1, args.jobs)) as pool:
+        futures = {pool.submit(build_one, s, out, args.verbose, cache): s
+                   for s in specs}
+        for future in concurrent.futures.as_completed(futures):
+            try:
+                r = future.result()
+            except RuntimeError as e:
+                failed += 1
+                print(f"FAILED {e}", file=sys.stderr, flush=True)
+                continue
+            print(f"{r['name']:32} {r['events']:8} events "
+                  f"{r['bytes'] / 1024:8.1f} KiB {r['seconds']:6.1f}s",
+                  flush=True)
+    shutil.rmtree(cache, ignore_errors=True)
+    total = sum(f.stat().st_size for f in out.glob("*.jsonl.gz"))
+    print(f"{len(specs) - failed} of {len(specs)} traces in "
+          f"{time.perf_counter() - started:.0f}s; {out} holds "
+          f"{total / 2**20:.2f} MiB of traces")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

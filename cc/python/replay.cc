@@ -1,0 +1,248 @@
+// jaxlake._core: the trace and replay bindings (cc/replay), added to the
+// module by module.cc through BindReplay(). Private like the rest of
+// _core: jaxlake/_src/tracefile.py and replay.py wrap them.
+#include <nanobind/nanobind.h>
+#include <nanobind/stl/optional.h>
+#include <nanobind/stl/pair.h>
+#include <nanobind/stl/string.h>
+#include <nanobind/stl/tuple.h>
+#include <nanobind/stl/vector.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
+#include <vector>
+
+#include "cc/replay/engine.h"
+#include "cc/replay/policy.h"
+#include "cc/replay/trace.h"
+
+namespace nb = nanobind;
+using namespace nb::literals;
+
+namespace jaxlake::replay {
+namespace {
+
+// A parsed trace, shared so that a replay may run while Python drops it.
+class PyTrace {
+ public:
+  explicit PyTrace(Trace t) : trace_(std::make_shared<Trace>(std::move(t))) {}
+
+  std::size_t size() const { return trace_->events.size(); }
+  std::optional<std::pair<std::uint32_t, std::string>> error() const {
+    if (trace_->ok()) return std::nullopt;
+    return std::make_pair(trace_->error.line, trace_->error.reason);
+  }
+  std::vector<std::pair<std::uint32_t, std::string>> skipped() const {
+    std::vector<std::pair<std::uint32_t, std::string>> out;
+    for (const TraceProblem& p : trace_->skipped)
+      out.emplace_back(p.line, p.reason);
+    return out;
+  }
+  std::uint64_t skipped_count() const { return trace_->skipped_count; }
+  std::uint64_t ignored() const { return trace_->ignored; }
+  std::uint32_t lines() const { return trace_->lines; }
+  std::uint32_t devices() const { return trace_->devices; }
+  const std::string& header() const { return trace_->header; }
+
+  // (t, alloc, id, dev, size, stream, kind) per event.
+  std::vector<std::tuple<std::uint64_t, bool, std::uint64_t, std::uint32_t,
+                         std::uint64_t, std::uint64_t, std::string>>
+  events() const {
+    std::vector<std::tuple<std::uint64_t, bool, std::uint64_t, std::uint32_t,
+                           std::uint64_t, std::uint64_t, std::string>>
+        out;
+    out.reserve(trace_->events.size());
+    for (const TraceEvent& e : trace_->events)
+      out.emplace_back(e.t, e.alloc, e.id, e.dev, e.size, e.stream,
+                       KindName(e.kind));
+    return out;
+  }
+
+  // Events per device (index: device).
+  std::vector<std::uint64_t> device_events() const {
+    std::vector<std::uint64_t> out(trace_->devices, 0);
+    for (const TraceEvent& e : trace_->events) ++out[e.dev];
+    return out;
+  }
+
+  // The most requested bytes live at once on a device (no replay needed).
+  std::uint64_t peak_live(std::uint32_t dev) const {
+    std::uint64_t live = 0;
+    std::uint64_t peak = 0;
+    for (const TraceEvent& e : trace_->events) {
+      if (e.dev != dev) continue;
+      if (e.alloc) {
+        live += e.size;
+        if (live > peak) peak = live;
+      } else {
+        live -= e.size;
+      }
+    }
+    return peak;
+  }
+
+  nb::bytes to_jsonl(const std::string& header) const {
+    std::string out;
+    {
+      nb::gil_scoped_release release;
+      out = WriteJsonl(*trace_, header);
+    }
+    return nb::bytes(out.data(), out.size());
+  }
+
+  nb::bytes to_csv() const {
+    std::string out;
+    std::string error;
+    bool ok;
+    {
+      nb::gil_scoped_release release;
+      ok = WriteCsv(*trace_, &out, &error);
+    }
+    if (!ok) throw nb::value_error(error.c_str());
+    return nb::bytes(out.data(), out.size());
+  }
+
+  std::shared_ptr<Trace> get() const { return trace_; }
+
+ private:
+  std::shared_ptr<Trace> trace_;
+};
+
+PyTrace Parse(nb::bytes data, bool csv, bool lenient) {
+  const char* p = data.c_str();
+  const std::size_t n = data.size();
+  Trace t;
+  {
+    nb::gil_scoped_release release;
+    t = ParseTrace(p, n, csv, lenient);
+  }
+  return PyTrace(std::move(t));
+}
+
+nb::dict Times(const OpTimes& t) {
+  nb::dict d;
+  d["count"] = t.count;
+  d["p50_ns"] = t.p50_ns;
+  d["p99_ns"] = t.p99_ns;
+  d["mean_ns"] = t.mean_ns;
+  d["total_ns"] = t.total_ns;
+  return d;
+}
+
+nb::dict RunReplay(const PyTrace& trace, const std::string& policy,
+                   const PolicyOptions& options, std::uint32_t device,
+                   std::size_t timeline_points, bool timing,
+                   std::size_t check_every) {
+  std::string error;
+  std::unique_ptr<Policy> p = MakePolicy(policy, options, &error);
+  if (!p) throw nb::value_error(error.c_str());
+  if (device >= trace.devices())
+    throw nb::value_error(("device " + std::to_string(device) +
+                           " is not below the trace's devices (" +
+                           std::to_string(trace.devices()) + ")")
+                              .c_str());
+  ReplayOptions ro;
+  ro.device = device;
+  ro.timeline_points = timeline_points;
+  ro.timing = timing;
+  ro.check_every = check_every;
+  std::shared_ptr<Trace> t = trace.get();
+  ReplayResult r;
+  {
+    nb::gil_scoped_release release;
+    r = Replay(*t, *p, ro);
+    p.reset();  // the lake's teardown is not part of the measurement
+  }
+  nb::dict d;
+  d["policy"] = r.policy;
+  d["device"] = r.device;
+  d["events"] = r.events;
+  d["allocs"] = r.allocs;
+  d["frees"] = r.frees;
+  d["peak_live"] = r.peak_live;
+  d["peak_reserved"] = r.peak_reserved;
+  d["final_reserved"] = r.final_reserved;
+  d["utilisation"] = r.utilisation;
+  d["waste"] = r.waste;
+  nb::dict calls;
+  for (int i = 0; i < vmm::kNumCalls; ++i)
+    calls[vmm::CallName(static_cast<vmm::Call>(i))] = r.calls[i];
+  d["calls"] = calls;
+  nb::dict counters;
+  for (const auto& [name, value] : r.counters) counters[name.c_str()] = value;
+  d["counters"] = counters;
+  if (r.oom) {
+    nb::dict oom;
+    oom["event"] = r.oom_event;
+    oom["line"] = r.oom_line;
+    oom["size"] = r.oom_size;
+    oom["stream"] = r.oom_stream;
+    oom["live"] = r.oom_live;
+    oom["reserved"] = r.oom_reserved;
+    d["oom"] = oom;
+  } else {
+    d["oom"] = nb::none();
+  }
+  d["alloc_times"] = Times(r.alloc_times);
+  d["free_times"] = Times(r.free_times);
+  d["median_ns"] = r.median_ns;
+  d["wall_s"] = r.wall_s;
+  d["events_per_s"] = r.events_per_s;
+  d["clock_overhead_ns"] = r.clock_overhead_ns;
+  d["timeline_event"] = r.timeline_event;
+  d["timeline_live"] = r.timeline_live;
+  d["timeline_reserved"] = r.timeline_reserved;
+  d["check_error"] = r.check_error;
+  return d;
+}
+
+}  // namespace
+
+void BindReplay(nb::module_& m) {
+  nb::class_<PyTrace>(m, "TraceData", "A parsed trace (cc/replay/trace.h).")
+      .def("size", &PyTrace::size)
+      .def("error", &PyTrace::error,
+           "(line, reason) of the first problem (strict mode), or None.")
+      .def("skipped", &PyTrace::skipped,
+           "(line, reason) of the lines a lenient parse skipped (the first "
+           "1000).")
+      .def_prop_ro("skipped_count", &PyTrace::skipped_count)
+      .def_prop_ro("ignored", &PyTrace::ignored)
+      .def_prop_ro("lines", &PyTrace::lines)
+      .def_prop_ro("devices", &PyTrace::devices)
+      .def("header", &PyTrace::header)
+      .def("events", &PyTrace::events)
+      .def("device_events", &PyTrace::device_events)
+      .def("peak_live", &PyTrace::peak_live, "device"_a)
+      .def("to_jsonl", &PyTrace::to_jsonl, "header"_a)
+      .def("to_csv", &PyTrace::to_csv);
+
+  m.def("parse_trace", &Parse, "data"_a, "csv"_a, "lenient"_a,
+        "Parses a whole trace file (JSON lines, or RMM CSV when csv).");
+
+  nb::class_<PolicyOptions>(m, "PolicyOptions",
+                            "The C++ replay::PolicyOptions struct.")
+      .def(nb::init<>())
+      .def_rw("capacity", &PolicyOptions::capacity)
+      .def_rw("granularity", &PolicyOptions::granularity)
+      .def_rw("lake", &PolicyOptions::lake)
+      .def_rw("bfc_initial_region", &PolicyOptions::bfc_initial_region)
+      .def_rw("bfc_max_internal_fragmentation",
+              &PolicyOptions::bfc_max_internal_fragmentation)
+      .def_rw("torch_max_split_size", &PolicyOptions::torch_max_split_size)
+      .def_rw("gmlake_frag_limit", &PolicyOptions::gmlake_frag_limit)
+      .def_rw("gmlake_reuse_limit", &PolicyOptions::gmlake_reuse_limit);
+
+  m.def("policy_names", &PolicyNames, "The replay policies, in table order.");
+  m.def("replay", &RunReplay, "trace"_a, "policy"_a, "options"_a,
+        "device"_a = 0, "timeline_points"_a = 1000, "timing"_a = true,
+        "check_every"_a = 0,
+        "Replays one device of a trace through a policy; returns a dict.");
+}
+
+}  // namespace jaxlake::replay

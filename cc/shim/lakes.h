@@ -1,0 +1,122 @@
+// jaxlake shim: the process-wide state behind the hooks and the C API.
+//
+// One lake per device, over a CudaDriver for that device, created on the
+// first request that reaches it. Requests are matched to a device by their
+// memory pool: the lake serves the pools returned by
+// cuDeviceGetDefaultMemPool (the pools XLA's cuda_async allocator uses);
+// any other pool stays with the real driver.
+//
+// The state is created at the first call into the shim and never
+// destroyed: lakes hold device memory until the process exits, and tearing
+// them down from a static destructor could call a driver that is already
+// shutting down.
+#ifndef JAXLAKE_SHIM_LAKES_H_
+#define JAXLAKE_SHIM_LAKES_H_
+
+#include <array>
+#include <atomic>
+#include <cstdint>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "cc/lake/lake.h"
+#include "cc/shim/options.h"
+#include "cc/shim/trace.h"
+#include "cc/vmm/cuda_driver.h"
+#include "cc/vmm/cuda_types.h"
+
+namespace jaxlake::shim {
+
+// The hooked entry points, in one list (exports, counters, JSON).
+#define JAXLAKE_SHIM_HOOKS(X)       \
+  X(cuMemAllocFromPoolAsync)        \
+  X(cuMemAllocFromPoolAsync_ptsz)   \
+  X(cuMemFreeAsync)                 \
+  X(cuMemFreeAsync_ptsz)            \
+  X(cuMemPoolGetAttribute)          \
+  X(cuGetProcAddress)               \
+  X(cuGetProcAddress_v2)
+
+enum class Hook : int {
+#define JAXLAKE_X(name) name,
+  JAXLAKE_SHIM_HOOKS(JAXLAKE_X)
+#undef JAXLAKE_X
+      kCount
+};
+inline constexpr int kNumHooks = static_cast<int>(Hook::kCount);
+const char* HookName(Hook h);
+
+// Per hooked entry point: calls, those the shim answered itself (served by
+// a lake, or a rewritten cuGetProcAddress answer), those passed on to the
+// real driver, and those that returned an error either way.
+struct HookCounter {
+  std::atomic<std::uint64_t> calls{0};
+  std::atomic<std::uint64_t> served{0};
+  std::atomic<std::uint64_t> forwarded{0};
+  std::atomic<std::uint64_t> failed{0};
+};
+
+class Lakes {
+ public:
+  // Devices the shim can hold a lake for (ordinals 0 .. kMaxDevices-1).
+  static constexpr int kMaxDevices = 64;
+
+  // The process-wide instance (loads the real driver, reads the options).
+  static Lakes& Get();
+
+  // True when the hooks serve allocations: a real driver was loaded, the
+  // options are valid and JAXLAKE_SHIM_HOOKS is not 0.
+  bool active() const { return active_; }
+  // Why the shim is not active, and why any device has no lake; "" if none.
+  std::string reason() const;
+  const ShimOptions& options() const { return options_; }
+
+  // The ordinal of the device whose default pool is `pool`, or -1.
+  int DeviceOfPool(cuda::CUmemoryPool pool);
+  // The lake of `device`, created on first use; nullptr when the shim is
+  // inactive or the lake cannot be made (the reason is kept, and printed
+  // once to stderr).
+  Lake* LakeFor(int device);
+  // The lake of `device` if it exists.
+  Lake* Existing(int device) const;
+  // Ordinals of the devices that have a lake.
+  std::vector<int> Devices() const;
+  // Frees `ptr` in the lake that owns it; false when none does.
+  bool Free(std::uintptr_t ptr, vmm::Stream stream, int* device);
+  // The device whose lake holds `ptr` as a live allocation, or -1.
+  int Owner(std::uintptr_t ptr) const;
+
+  HookCounter& counter(Hook h) { return counters_[static_cast<int>(h)]; }
+  TraceWriter& trace() { return trace_; }
+  // Devices the real driver reports (0 when it cannot say).
+  int DeviceCount() const;
+
+ private:
+  Lakes();
+  struct DeviceLake {
+    std::unique_ptr<vmm::CudaDriver> driver;
+    std::unique_ptr<Lake> lake;
+  };
+
+  bool active_ = false;
+  std::string inactive_reason_;
+  ShimOptions options_;
+
+  mutable std::mutex mu_;  // guards creation and the strings below
+  std::shared_ptr<vmm::CudaLibrary> library_;
+  std::array<std::atomic<DeviceLake*>, kMaxDevices> lakes_{};
+  std::array<bool, kMaxDevices> failed_{};
+  std::vector<std::string> failures_;
+
+  std::atomic<bool> pools_known_{false};
+  std::vector<cuda::CUmemoryPool> pools_;  // by ordinal, set once
+
+  std::array<HookCounter, kNumHooks> counters_;
+  TraceWriter trace_;
+};
+
+}  // namespace jaxlake::shim
+
+#endif  // JAXLAKE_SHIM_LAKES_H_

@@ -1,0 +1,51 @@
+// jaxlake shim: settings read from the environment when the shim loads.
+//
+// Lake options (one variable per LakeOptions field; the Python package
+// normalises values, so only plain forms are accepted here):
+//   JAXLAKE_CAPACITY       bytes, 0: the whole device
+//   JAXLAKE_SMALL_LIMIT    bytes
+//   JAXLAKE_SMALL_SLAB     bytes, 0: one granule
+//   JAXLAKE_ALIGNMENT      bytes
+//   JAXLAKE_STITCH         0 or 1
+//   JAXLAKE_STITCH_MIN     bytes
+//   JAXLAKE_STITCH_GROW    0 or 1
+//   JAXLAKE_MAX_PIECES     count
+//   JAXLAKE_STITCH_CACHE   count
+//   JAXLAKE_RECORD_TRACE   0 or 1 (the lake's in-memory trace)
+// Shim settings:
+//   JAXLAKE_SHIM_HOOKS     0 or 1 (default 1); 0 forwards every call
+//   JAXLAKE_SHIM_PEER_ACCESS  0 or 1 (default 1): also map the lake's memory
+//                          for the devices that can access it as peers
+//   JAXLAKE_TRACE_FILE     a path: write the allocation trace there from
+//                          the start (JSON lines, docs/traces.md)
+//   JAXLAKE_REAL_LIBCUDA   the real driver's absolute path (loader.h)
+// They are read at the first call into the shim. Numbers are decimal digits
+// only; an unset or empty variable keeps the default. A malformed value
+// makes the shim inactive (it forwards every call) and the reason names the
+// variable.
+#ifndef JAXLAKE_SHIM_OPTIONS_H_
+#define JAXLAKE_SHIM_OPTIONS_H_
+
+#include <string>
+
+#include "cc/lake/lake.h"
+
+namespace jaxlake::shim {
+
+struct ShimOptions {
+  LakeOptions lake;
+  bool hooks = true;
+  bool peer_access = true;
+  std::string trace_file;
+};
+
+// Reads the variables above into *out (defaults for those unset). Returns an
+// empty string, or a message naming the first malformed variable.
+std::string ReadOptions(ShimOptions* out);
+
+// The options as a JSON object (lake fields by name, plus the shim's).
+std::string OptionsJson(const ShimOptions& options);
+
+}  // namespace jaxlake::shim
+
+#endif  // JAXLAKE_SHIM_OPTIONS_H_

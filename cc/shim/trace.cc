@@ -1,0 +1,111 @@
+// jaxlake shim: writing the allocation trace (see trace.h).
+#include "cc/shim/trace.h"
+
+#include <cerrno>
+#include <utility>
+
+#include "cc/shim/json.h"
+
+namespace jaxlake::shim {
+
+TraceWriter::~TraceWriter() {
+  std::lock_guard<std::mutex> lock(mu_);
+  StopLocked();
+}
+
+int TraceWriter::Start(const std::string& path, const std::string& name,
+                       std::function<int()> devices) {
+  std::lock_guard<std::mutex> lock(mu_);
+  StopLocked();
+  errno = 0;
+  std::FILE* f = std::fopen(path.c_str(), "w");
+  if (f == nullptr) return errno != 0 ? -errno : -1;
+  file_ = f;
+  path_ = path;
+  name_ = name;
+  devices_ = std::move(devices);
+  header_written_ = false;
+  start_ = std::chrono::steady_clock::now();
+  last_t_ = 0;
+  next_id_ = 0;
+  events_ = 0;
+  live_.clear();
+  active_.store(true, std::memory_order_release);
+  return 0;
+}
+
+void TraceWriter::HeaderLocked() {
+  if (header_written_) return;
+  header_written_ = true;
+  const int devices = devices_ ? devices_() : 0;
+  std::fprintf(file_,
+               "{\"format\": \"jaxlake-trace\", \"version\": 1, \"name\": %s, "
+               "\"devices\": %d, \"source\": \"shim\", \"meta\": {}}\n",
+               JsonString(name_).c_str(), devices > 0 ? devices : 1);
+}
+
+long long TraceWriter::Stop() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return StopLocked();
+}
+
+long long TraceWriter::StopLocked() {
+  if (file_ == nullptr) return -1;
+  HeaderLocked();
+  active_.store(false, std::memory_order_release);
+  std::fclose(file_);
+  file_ = nullptr;
+  live_.clear();
+  return events_;
+}
+
+std::string TraceWriter::path() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return file_ != nullptr ? path_ : std::string();
+}
+
+// Non-decreasing even if the clock were not: events are written in order.
+std::uint64_t TraceWriter::Now() const {
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                      std::chrono::steady_clock::now() - start_)
+                      .count();
+  const auto t = static_cast<std::uint64_t>(ns > 0 ? ns : 0);
+  return t > last_t_ ? t : last_t_;
+}
+
+void TraceWriter::Alloc(int device, std::uintptr_t ptr, std::size_t size,
+                        std::uint64_t stream) {
+  if (!active()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (file_ == nullptr) return;
+  HeaderLocked();
+  last_t_ = Now();
+  const std::uint64_t id = next_id_++;
+  live_[ptr] = Live{id, size};
+  std::fprintf(file_,
+               "{\"t\": %llu, \"op\": \"alloc\", \"id\": %llu, \"dev\": %d, "
+               "\"size\": %zu, \"stream\": %llu}\n",
+               static_cast<unsigned long long>(last_t_),
+               static_cast<unsigned long long>(id), device, size,
+               static_cast<unsigned long long>(stream));
+  ++events_;
+}
+
+void TraceWriter::Free(int device, std::uintptr_t ptr, std::uint64_t stream) {
+  if (!active()) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  if (file_ == nullptr) return;
+  auto it = live_.find(ptr);
+  if (it == live_.end()) return;  // allocated before the trace started
+  last_t_ = Now();
+  std::fprintf(file_,
+               "{\"t\": %llu, \"op\": \"free\", \"id\": %llu, \"dev\": %d, "
+               "\"size\": %zu, \"stream\": %llu}\n",
+               static_cast<unsigned long long>(last_t_),
+               static_cast<unsigned long long>(it->second.id), device,
+               it->second.size, static_cast<unsigned long long>(stream));
+  live_.erase(it);
+  ++events_;
+}
+
+}  // namespace jaxlake::shim

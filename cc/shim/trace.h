@@ -1,0 +1,74 @@
+// jaxlake shim: writing the allocation trace of the served calls.
+//
+// The file is JSON lines, version 1 of docs/traces.md: a header line
+// (source "shim") and one event per allocation or free the lakes served.
+// `t` is nanoseconds since the trace started, `id` numbers allocations made
+// while tracing (frees of allocations made before the start are left out),
+// `dev` is the device ordinal and `stream` the stream the lake saw (0: the
+// legacy default stream, 2: a per-thread default stream, else the CUstream
+// handle's value).
+#ifndef JAXLAKE_SHIM_TRACE_H_
+#define JAXLAKE_SHIM_TRACE_H_
+
+#include <atomic>
+#include <chrono>
+#include <cstdint>
+#include <cstdio>
+#include <functional>
+#include <mutex>
+#include <string>
+#include <unordered_map>
+
+namespace jaxlake::shim {
+
+class TraceWriter {
+ public:
+  TraceWriter() = default;
+  ~TraceWriter();
+  TraceWriter(const TraceWriter&) = delete;
+  TraceWriter& operator=(const TraceWriter&) = delete;
+
+  // Starts a trace in `path` (truncated), stopping any running one first.
+  // The header is written with the first event (or at the stop), when
+  // `devices` can tell the number of devices for it: the driver may not be
+  // initialised yet when the trace starts. Returns 0, or -errno when the
+  // file cannot be opened.
+  int Start(const std::string& path, const std::string& name,
+            std::function<int()> devices);
+  // Stops the trace and closes the file. Returns the events written, or -1
+  // when no trace was running.
+  long long Stop();
+
+  bool active() const { return active_.load(std::memory_order_acquire); }
+  std::string path() const;
+
+  void Alloc(int device, std::uintptr_t ptr, std::size_t size,
+             std::uint64_t stream);
+  void Free(int device, std::uintptr_t ptr, std::uint64_t stream);
+
+ private:
+  struct Live {
+    std::uint64_t id;
+    std::size_t size;
+  };
+  std::uint64_t Now() const;
+  long long StopLocked();
+  void HeaderLocked();
+
+  mutable std::mutex mu_;
+  std::atomic<bool> active_{false};
+  std::FILE* file_ = nullptr;
+  std::string path_;
+  std::string name_;
+  std::function<int()> devices_;
+  bool header_written_ = false;
+  std::chrono::steady_clock::time_point start_;
+  std::uint64_t last_t_ = 0;
+  std::uint64_t next_id_ = 0;
+  long long events_ = 0;
+  std::unordered_map<std::uintptr_t, Live> live_;
+};
+
+}  // namespace jaxlake::shim
+
+#endif  // JAXLAKE_SHIM_TRACE_H_

@@ -1,0 +1,40 @@
+"""jaxlake: a GPU memory allocator that stitches free memory together.
+
+Public API; the implementation lives in jaxlake._src and the compiled core
+in jaxlake._core (both private).
+"""
+
+from importlib import metadata as _metadata
+
+from jaxlake._src.errors import ConfigurationError
+from jaxlake._src.errors import ConfigurationWarning
+from jaxlake._src.errors import DriverError
+from jaxlake._src.errors import InvariantError
+from jaxlake._src.errors import JaxlakeError
+from jaxlake._src.errors import OutOfMemoryError
+from jaxlake._src.lake import Lake
+from jaxlake._src.lake import TraceEvent
+from jaxlake._src.options import Option
+from jaxlake._src.options import option_table
+from jaxlake._src.options import parse_size
+from jaxlake._src.options import resolve_options
+from jaxlake._src.stats import Stats
+
+__version__: str = _metadata.version("jaxlake")
+
+__all__ = [
+    "ConfigurationError",
+    "ConfigurationWarning",
+    "DriverError",
+    "InvariantError",
+    "JaxlakeError",
+    "Lake",
+    "Option",
+    "OutOfMemoryError",
+    "Stats",
+    "TraceEvent",
+    "__version__",
+    "option_table",
+    "parse_size",
+    "resolve_options",
+]

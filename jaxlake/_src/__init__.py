@@ -1,0 +1,1 @@
+"""Private implementation of jaxlake; the public names live in jaxlake."""

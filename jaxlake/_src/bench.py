@@ -1,0 +1,516 @@
+"""`jaxlake bench`: the trace suite through every policy, side by side.
+
+Finds the suite (the traces installed with the package, or a folder),
+replays each trace through each policy (uncapped, then under a capacity
+for the policies whose peak exceeded it), prints a table of trace x policy
+with geometric means and the comparisons the project tracks, and writes
+results.json and memory plots. docs/benchmarks.md explains how to read it.
+
+Also here: synthetic traces, for trying the tools without recorded ones.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import glob
+import json
+import math
+import os
+import random
+import sys
+import time
+from typing import (Any, Callable, Dict, Iterable, List, Optional, Sequence,
+                    TextIO, Tuple)
+
+from jaxlake._src import tracefile
+from jaxlake._src.options import MIB
+from jaxlake._src.replay import (Capacity, ReplayResult, check_policies,
+                                 policy_names, replay)
+from jaxlake._src.tracefile import Trace, TraceWriter
+
+GIB = 1 << 30
+SUITE_PATTERN = "*.jsonl.gz"
+
+
+# -- finding the suite -------------------------------------------------------
+
+
+def installed_suite_dir() -> Optional[str]:
+    """The folder of traces installed with the package, if it has any;
+    else the source tree's benchmarks/traces (running from a checkout)."""
+    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    candidates = [os.path.join(here, "traces"),
+                  os.path.join(os.path.dirname(here), "benchmarks", "traces")]
+    for folder in candidates:
+        if glob.glob(os.path.join(folder, SUITE_PATTERN)):
+            return folder
+    return None
+
+
+def suite_files(folder: str) -> List[str]:
+    """The traces of a suite folder (*.jsonl.gz, also *.jsonl and RMM
+    *.csv), sorted by name."""
+    found: List[str] = []
+    for pattern in (SUITE_PATTERN, "*.jsonl", "*.csv", "*.csv.gz"):
+        found.extend(glob.glob(os.path.join(folder, pattern)))
+    return sorted(set(found))
+
+
+# -- progress ----------------------------------------------------------------
+
+
+class Progress:
+    """A one-line progress bar on a terminal; silent elsewhere."""
+
+    def __init__(self, total: int, stream: TextIO = sys.stderr,
+                 enabled: Optional[bool] = None) -> None:
+        self.total = max(1, total)
+        self.done = 0
+        self.stream = stream
+        self.enabled = (stream.isatty() if enabled is None else enabled)
+        self.start = time.perf_counter()
+
+    def update(self, what: str) -> None:
+        if not self.enabled:
+            return
+        width = 28
+        filled = int(width * self.done / self.total)
+        bar = "#" * filled + "." * (width - filled)
+        elapsed = time.perf_counter() - self.start
+        line = (f"\r[{bar}] {self.done}/{self.total} {elapsed:5.1f}s "
+                f"{what[:40]:<40}")
+        self.stream.write(line)
+        self.stream.flush()
+
+    def step(self, what: str) -> None:
+        self.done += 1
+        self.update(what)
+
+    def close(self) -> None:
+        if self.enabled:
+            self.stream.write("\r" + " " * 100 + "\r")
+            self.stream.flush()
+
+
+# -- running -----------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class TraceResults:
+    name: str
+    path: str
+    events: int
+    devices: int
+    peak_live: int
+    load_s: float
+    results: List[ReplayResult]
+
+    def by_policy(self) -> Dict[str, ReplayResult]:
+        return {r.policy: r for r in self.results}
+
+
+def run_suite(paths: Sequence[str], policies: Optional[Sequence[str]] = None,
+              capacity: Optional[Capacity] = None,
+              progress: Optional[Progress] = None,
+              lenient: bool = False,
+              timeline_points: int = 1000) -> List[TraceResults]:
+    """Replays every trace through every policy."""
+    names = check_policies(policies) if policies else list(policy_names())
+    out: List[TraceResults] = []
+    for path in paths:
+        start = time.perf_counter()
+        trace = tracefile.read_trace(path, lenient=lenient)
+        load = time.perf_counter() - start
+        results = []
+        for name in names:
+            if progress:
+                progress.update(f"{trace.name} / {name}")
+            results.append(replay(trace, name, capacity,
+                                  timeline_points=timeline_points))
+            if progress:
+                progress.step(f"{trace.name} / {name}")
+        first = results[0]
+        out.append(TraceResults(name=trace.name, path=path,
+                                events=len(trace), devices=first.devices,
+                                peak_live=first.peak_live, load_s=load,
+                                results=results))
+    return out
+
+
+# -- reporting ---------------------------------------------------------------
+
+
+def geomean(values: Iterable[float]) -> float:
+    vals = [v for v in values if v > 0]
+    if not vals:
+        return 0.0
+    return math.exp(sum(math.log(v) for v in vals) / len(vals))
+
+
+def _gib(n: float) -> str:
+    return f"{n / GIB:.2f}"
+
+
+def _oom_cell(r: ReplayResult) -> str:
+    if r.capacity is None:
+        return "-"
+    if r.oom is None:
+        return "ok"
+    return f"OOM@{r.oom.event}"
+
+
+COLUMNS = ("trace", "policy", "U", "W GiB", "peak GiB", "calls", "maps",
+           "stitches", "med ns", "p99 ns", "Mev/s", "cap")
+
+
+def table_rows(suite: Sequence[TraceResults]) -> List[List[str]]:
+    rows: List[List[str]] = []
+    for tr in suite:
+        for i, r in enumerate(tr.results):
+            rows.append([
+                tr.name if i == 0 else "", r.policy,
+                f"{r.utilisation:.3f}", _gib(r.waste), _gib(r.peak_reserved),
+                str(r.memory_calls), str(r.calls.get("map", 0)),
+                str(r.counters.get("stitches", 0)),
+                f"{r.median_ns:.0f}", f"{r.alloc_p99_ns:.0f}",
+                f"{r.events_per_s / 1e6:.2f}", _oom_cell(r)])
+    return rows
+
+
+def summary_rows(suite: Sequence[TraceResults]) -> List[List[str]]:
+    """Per policy over the suite: geometric means (U, peak, calls, times,
+    speed), the mean W, and the out-of-memory count under the cap."""
+    rows: List[List[str]] = []
+    if not suite:
+        return rows
+    for policy in [r.policy for r in suite[0].results]:
+        rs = [tr.by_policy()[policy] for tr in suite]
+        capped = [r for r in rs if r.capacity is not None]
+        ooms = sum(1 for r in capped if r.oom is not None)
+        rows.append([
+            "geomean", policy,
+            f"{geomean(r.utilisation for r in rs):.3f}",
+            _gib(sum(r.waste for r in rs) / len(rs)) + "*",
+            _gib(geomean(r.peak_reserved for r in rs)),
+            f"{geomean(r.memory_calls for r in rs):.0f}",
+            f"{geomean(r.calls.get('map', 0) for r in rs):.0f}",
+            str(sum(r.counters.get("stitches", 0) for r in rs)) + "+",
+            f"{geomean(r.median_ns for r in rs):.0f}",
+            f"{geomean(r.alloc_p99_ns for r in rs):.0f}",
+            f"{geomean(r.events_per_s for r in rs) / 1e6:.2f}",
+            f"{ooms}/{len(capped)} OOM" if capped else "-"])
+    return rows
+
+
+def format_table(rows: Sequence[Sequence[str]],
+                 header: Sequence[str] = COLUMNS) -> str:
+    widths = [len(h) for h in header]
+    for row in rows:
+        for i, cell in enumerate(row):
+            widths[i] = max(widths[i], len(cell))
+
+    def line(cells: Sequence[str]) -> str:
+        parts = []
+        for i, cell in enumerate(cells):
+            parts.append(cell.ljust(widths[i]) if i < 2
+                         else cell.rjust(widths[i]))
+        return "  ".join(parts).rstrip()
+
+    out = [line(header), line(["-" * w for w in widths])]
+    out.extend(line(r) for r in rows)
+    return "\n".join(out)
+
+
+@dataclasses.dataclass
+class Comparison:
+    claim: str
+    ok: Optional[bool]  # None: not computable in this run
+    detail: str
+
+
+def comparisons(suite: Sequence[TraceResults]) -> List[Comparison]:
+    """The comparisons the project tracks, from this run's results."""
+    out: List[Comparison] = []
+    if not suite:
+        return out
+    policies = [r.policy for r in suite[0].results]
+    if "jaxlake" not in policies:
+        return [Comparison("jaxlake comparisons", None,
+                           "jaxlake was not among the policies replayed")]
+    lake = [tr.by_policy()["jaxlake"] for tr in suite]
+    worst = min(zip(lake, suite), key=lambda x: x[0].utilisation)
+    out.append(Comparison(
+        "jaxlake U >= 0.95 on every trace",
+        all(r.utilisation >= 0.95 for r in lake),
+        f"lowest U {worst[0].utilisation:.3f} on {worst[1].name}"))
+    beaten = []
+    for tr in suite:
+        mine = tr.by_policy()["jaxlake"].utilisation
+        for r in tr.results:
+            if r.policy != "jaxlake" and r.utilisation > mine + 1e-12:
+                beaten.append(f"{tr.name}: {r.policy} {r.utilisation:.3f} > "
+                              f"{mine:.3f}")
+    out.append(Comparison(
+        "jaxlake U >= every other policy's U, per trace", not beaten,
+        "; ".join(beaten) if beaten else
+        f"held on {len(suite)} trace(s) against "
+        f"{', '.join(p for p in policies if p != 'jaxlake') or 'no policy'}"))
+    if "bfc" in policies:
+        reductions = []
+        for tr in suite:
+            w_bfc = tr.by_policy()["bfc"].waste
+            if w_bfc > 0:
+                reductions.append(
+                    1 - tr.by_policy()["jaxlake"].waste / w_bfc)
+        if reductions:
+            mean = sum(reductions) / len(reductions)
+            out.append(Comparison(
+                "W reduction vs bfc, mean of 1 - W/W_bfc over the suite",
+                None, f"{100 * mean:.1f}% (per trace: " +
+                ", ".join(f"{100 * x:.0f}%" for x in reductions) + ")"))
+        ratios = [tr.by_policy()["jaxlake"].median_ns /
+                  tr.by_policy()["bfc"].median_ns
+                  for tr in suite if tr.by_policy()["bfc"].median_ns > 0]
+        if ratios:
+            out.append(Comparison(
+                "median allocator time per op, jaxlake / bfc", None,
+                f"{geomean(ratios):.2f}x (geometric mean of per-trace "
+                "ratios of medians; sim driver, no real driver latency)"))
+    if "gmlake" in policies:
+        mine = sum(tr.by_policy()["jaxlake"].calls.get("map", 0)
+                   for tr in suite)
+        theirs = sum(tr.by_policy()["gmlake"].calls.get("map", 0)
+                     for tr in suite)
+        ratio = f"{mine / theirs:.3f}x" if theirs else "n/a"
+        out.append(Comparison(
+            "driver map calls, jaxlake vs gmlake (suite total)", None,
+            f"{mine} vs {theirs} ({ratio})"))
+    return out
+
+
+def format_comparisons(items: Sequence[Comparison]) -> str:
+    lines = []
+    for c in items:
+        mark = {True: "PASS", False: "FAIL", None: "    "}[c.ok]
+        lines.append(f"  {mark}  {c.claim}: {c.detail}")
+    return "\n".join(lines)
+
+
+def speed_lines(suite: Sequence[TraceResults]) -> str:
+    """Replay speed per policy over the suite (events per second)."""
+    if not suite:
+        return ""
+    parts = []
+    for policy in [r.policy for r in suite[0].results]:
+        events = sum(tr.by_policy()[policy].events for tr in suite)
+        wall = sum(tr.by_policy()[policy].wall_s for tr in suite)
+        rate = events / wall / 1e6 if wall > 0 else 0.0
+        parts.append(f"{policy} {rate:.2f}M")
+    load_events = sum(tr.events for tr in suite)
+    load_s = sum(tr.load_s for tr in suite)
+    return ("replay speed (events/s, with per-call timing): " +
+            ", ".join(parts) +
+            f"; loading {load_events / max(load_s, 1e-9) / 1e6:.2f}M "
+            "events/s")
+
+
+def results_json(suite: Sequence[TraceResults],
+                 capacity: Optional[Capacity],
+                 extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
+    from jaxlake import __version__
+    return {
+        "format": "jaxlake-bench",
+        "version": 1,
+        "jaxlake": __version__,
+        "capacity": str(capacity) if capacity else None,
+        "policies": [r.policy for r in suite[0].results] if suite else [],
+        "traces": [{
+            "name": tr.name, "path": tr.path, "events": tr.events,
+            "devices": tr.devices, "peak_live": tr.peak_live,
+            "load_s": tr.load_s,
+            "results": {r.policy: r.to_json() for r in tr.results},
+        } for tr in suite],
+        "comparisons": [dataclasses.asdict(c) for c in comparisons(suite)],
+        **(extra or {}),
+    }
+
+
+def write_outputs(suite: Sequence[TraceResults], out_dir: str,
+                  capacity: Optional[Capacity], plots: bool = True,
+                  extra: Optional[Dict[str, Any]] = None) -> List[str]:
+    """results.json, memory.png (all traces) and memory-<trace>.png."""
+    from jaxlake._src import plot
+    os.makedirs(out_dir, exist_ok=True)
+    written = []
+    path = os.path.join(out_dir, "results.json")
+    with open(path, "w", encoding="utf-8") as f:
+        json.dump(results_json(suite, capacity, extra), f, indent=1)
+        f.write("\n")
+    written.append(path)
+    if plots and suite:
+        written.append(plot.plot_suite(
+            [(tr.name, tr.results) for tr in suite],
+            os.path.join(out_dir, "memory.png")))
+        for tr in suite:
+            written.append(plot.plot_trace(
+                tr.name, tr.results, os.path.join(
+                    out_dir, f"memory-{plot.safe_name(tr.name)}.png")))
+    return written
+
+
+# -- synthetic traces --------------------------------------------------------
+
+
+def _xla_steps(w: TraceWriter, rng: random.Random, steps: int) -> None:
+    """XLA-like: parameters and optimizer state, then per step one temp
+    buffer whose size follows the batch shape, new outputs replacing the
+    donated inputs, and a small tuple table."""
+    ids = iter(range(1, 1 << 62))
+    params = []
+    for _ in range(24):
+        size = rng.choice([64, 256, 1024, 4096]) * rng.choice([1024, 4096])
+        for kind in ("param", "opt_state", "opt_state"):
+            i = next(ids)
+            w.alloc(i, size + rng.randrange(0, 4096, 4), kind=kind)
+            params.append((i, size, kind))
+    shapes = [int(x * GIB) for x in (0.6, 1.1, 1.7, 2.4)]
+    for _ in range(steps):
+        temp = next(ids)
+        w.alloc(temp, rng.choice(shapes) + rng.randrange(0, 1 << 20, 256),
+                kind="temp")
+        table = next(ids)
+        w.alloc(table, 8 * len(params), kind="other")
+        fresh = []
+        for (i, size, kind) in params:
+            j = next(ids)
+            w.alloc(j, size + rng.randrange(0, 4096, 4), kind=kind)
+            fresh.append((j, size, kind))
+        for (i, _, _) in params:
+            w.free(i)
+        params = fresh
+        w.free(temp)
+        w.free(table)
+
+
+def _layers(w: TraceWriter, rng: random.Random, steps: int) -> None:
+    """Per-buffer training steps: activations kept layer by layer in the
+    forward pass, freed in reverse in the backward pass while gradients
+    are made; the batch size changes between steps."""
+    ids = iter(range(1, 1 << 62))
+    layers = 32
+    widths = [rng.choice([1, 1, 2, 4]) for _ in range(layers)]
+    weights = []
+    for l in range(layers):
+        i = next(ids)
+        w.alloc(i, widths[l] * 24 * MIB + rng.randrange(0, 65536, 4),
+                kind="param")
+        weights.append(i)
+    for _ in range(steps):
+        batch = rng.choice([3, 4, 6, 8])
+        acts = []
+        for l in range(layers):
+            for part in range(3):
+                i = next(ids)
+                w.alloc(i, batch * widths[l] * (3 + part) * MIB +
+                        rng.randrange(0, 1 << 16, 4), kind="activation")
+                acts.append(i)
+            t = next(ids)
+            w.alloc(t, batch * 7 * MIB, kind="temp")
+            w.free(t)
+        grads = []
+        for l in reversed(range(layers)):
+            g = next(ids)
+            w.alloc(g, widths[l] * 24 * MIB, kind="grad")
+            grads.append(g)
+            for _ in range(3):
+                w.free(acts.pop())
+        for g in grads:
+            w.free(g)
+
+
+def _eager(w: TraceWriter, rng: random.Random, events: int) -> None:
+    """Eager-like: many short-lived buffers of mixed sizes on two streams
+    over a resident set that churns slowly."""
+    live: List[int] = []
+    next_id = 1
+    while w.events < events:
+        if live and (len(live) > 600 or rng.random() < 0.49):
+            k = rng.randrange(len(live))
+            live[k], live[-1] = live[-1], live[k]
+            w.free(live.pop())
+            continue
+        r = rng.random()
+        if r < 0.45:
+            size = rng.randrange(1, 1 << 16)
+        elif r < 0.75:
+            size = rng.randrange(1 << 16, 4 << 20)
+        elif r < 0.97:
+            size = rng.randrange(4 << 20, 96 << 20)
+        else:
+            size = rng.randrange(96 << 20, 768 << 20)
+        w.alloc(next_id, size, stream=0 if rng.random() < 0.85 else 1,
+                kind="temp")
+        live.append(next_id)
+        next_id += 1
+
+
+def _kv(w: TraceWriter, rng: random.Random, requests: int) -> None:
+    """Serving-like: per request a cache buffer that is regrown as the
+    sequence lengthens (allocate the larger one, free the old), requests
+    finishing out of order."""
+    active: Dict[int, Tuple[int, int]] = {}  # request -> (id, tokens)
+    next_id = 1
+    per_token = 160 * 1024
+    started = 0
+    while started < requests or active:
+        if started < requests and len(active) < 48 and rng.random() < 0.3:
+            tokens = rng.randrange(64, 1024)
+            w.alloc(next_id, tokens * per_token, kind="activation")
+            active[started] = (next_id, tokens)
+            next_id += 1
+            started += 1
+            continue
+        if not active:
+            continue
+        req = rng.choice(list(active))
+        buf, tokens = active[req]
+        if rng.random() < 0.12 or tokens > 6000:
+            w.free(buf)
+            del active[req]
+            continue
+        tokens += rng.randrange(64, 512)
+        w.alloc(next_id, tokens * per_token, kind="activation")
+        w.free(buf)
+        active[req] = (next_id, tokens)
+        next_id += 1
+
+
+SYNTHETIC: Dict[str, Tuple[Callable[[TraceWriter, random.Random, int],
+                                    None], int, str]] = {
+    "synthetic-xla-steps": (_xla_steps, 300,
+                            "XLA-like steps: temp buffer per step, donated "
+                            "outputs"),
+    "synthetic-layers": (_layers, 120,
+                         "per-buffer forward/backward, batch size varies"),
+    "synthetic-eager": (_eager, 300000,
+                        "eager-like mixed sizes on two streams"),
+    "synthetic-kv": (_kv, 3000, "serving-like growing cache buffers"),
+}
+
+
+def write_synthetic(folder: str, seed: int = 0,
+                    scale: float = 1.0) -> List[str]:
+    """Writes the synthetic traces into `folder`; returns their paths.
+    `scale` multiplies their length (steps, events or requests)."""
+    os.makedirs(folder, exist_ok=True)
+    paths = []
+    for i, (name, (make, amount, doc)) in enumerate(sorted(SYNTHETIC.items())):
+        path = os.path.join(folder, f"{name}.jsonl.gz")
+        rng = random.Random(seed * 1000 + i)
+        with TraceWriter(path, name, source="synthetic",
+                         meta={"generator": "jaxlake bench --synthetic",
+                               "about": doc, "seed": seed,
+                               "scale": scale}) as w:
+            make(w, rng, max(1, int(amount * scale)))
+        paths.append(path)
+    return paths

@@ -1,0 +1,354 @@
+"""The trace subcommands of `jaxlake`: bench, replay, plot, trace convert.
+
+cli.py calls register(commands) with its argparse subparsers object; each
+subcommand sets `func`, a handler taking the parsed arguments and returning
+the exit status: 0 done, 1 bad input (a malformed trace, a missing file),
+2 bad usage (argparse's own errors, an unknown policy). With `bench
+--check`, 3 when a tracked claim fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from typing import Any, List, Optional, Sequence, TextIO
+
+from jaxlake._src import bench, tracefile
+from jaxlake._src.options import format_size
+from jaxlake._src.replay import (Capacity, PolicyError, ReplayResult,
+                                 check_policies, policy_names, replay)
+
+EXIT_INPUT = 1
+EXIT_USAGE = 2
+EXIT_CLAIM = 3
+
+
+def _capacity(text: str) -> Optional[Capacity]:
+    try:
+        return Capacity.parse(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+
+
+def _policies(values: Optional[Sequence[str]]) -> List[str]:
+    """--policy values, each possibly comma-separated; all when none."""
+    if not values:
+        return list(policy_names())
+    names = [n.strip() for v in values for n in v.split(",") if n.strip()]
+    return check_policies(names)
+
+
+def _error(command: str, message: str, out: TextIO = sys.stderr) -> None:
+    out.write(f"jaxlake {command}: error: {message}\n")
+
+
+def _add_policy(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--policy", "-p", action="append", metavar="NAME",
+        help="a policy to replay (repeat, or separate with commas); "
+             "default: all of " + ", ".join(
+                 ("jaxlake", "bfc", "torch", "torch-expandable", "gmlake")))
+
+
+def register(commands: Any) -> None:
+    """Adds bench, replay, plot and trace to `jaxlake`'s subcommands."""
+    b = commands.add_parser(
+        "bench", help="replay the bundled trace suite through every policy "
+                      "and compare them",
+        description="Replays every trace of the suite through jaxlake and "
+                    "the modelled baselines (XLA's BFC, PyTorch's caching "
+                    "allocator and expandable segments, GMLake), prints a "
+                    "table of trace x policy with geometric means and the "
+                    "tracked comparisons, and writes results.json and "
+                    "memory plots. See docs/benchmarks.md.")
+    b.add_argument("--suite", metavar="DIR",
+                   help="a folder of traces (*.jsonl.gz, *.jsonl, RMM "
+                        "*.csv); default: the traces installed with jaxlake")
+    b.add_argument("--synthetic", action="store_true",
+                   help="bench synthetic traces (written under OUT/"
+                        "synthetic/) instead of the suite")
+    _add_policy(b)
+    b.add_argument("--capacity", type=_capacity, default=Capacity(factor=1.1),
+                   metavar="SIZE",
+                   help="device memory for the out-of-memory column: a size "
+                        "('16GiB'), a multiple of each trace's peak live "
+                        "bytes ('1.1x', the default) or 'none'")
+    b.add_argument("--out", default="jaxlake-bench", metavar="DIR",
+                   help="where results.json and the plots go "
+                        "(default: ./jaxlake-bench)")
+    b.add_argument("--no-plots", action="store_true",
+                   help="skip the plots (matplotlib not needed)")
+    b.add_argument("--no-progress", action="store_true",
+                   help="no progress bar")
+    b.add_argument("--lenient", action="store_true",
+                   help="skip malformed lines of damaged traces")
+    b.add_argument("--check", action="store_true",
+                   help="exit with status 3 when a PASS/FAIL claim fails")
+    b.set_defaults(func=bench_command)
+
+    r = commands.add_parser(
+        "replay", help="replay a trace through the policies",
+        description="Replays a trace (JSON lines, optionally gzip, or RMM "
+                    "memory-event CSV) through each policy and prints the "
+                    "figures; with --capacity, which policies run out of "
+                    "memory and at which event.")
+    r.add_argument("trace", metavar="TRACE")
+    _add_policy(r)
+    r.add_argument("--capacity", type=_capacity, default=None,
+                   metavar="SIZE",
+                   help="device memory: a size ('16GiB'), a multiple of the "
+                        "peak live bytes ('1.1x'), or 'none' (default)")
+    r.add_argument("--json", metavar="OUT",
+                   help="also write the results as JSON to OUT")
+    r.add_argument("--plot", metavar="PNG",
+                   help="also draw memory over the replay to PNG")
+    r.add_argument("--lenient", action="store_true",
+                   help="skip malformed lines, unknown frees and bad sizes, "
+                        "and report what was skipped")
+    r.set_defaults(func=replay_command)
+
+    pl = commands.add_parser(
+        "plot", help="draw live vs reserved memory of a trace per policy",
+        description="Replays a trace and draws live bytes and each "
+                    "policy's reserved bytes over the events (PNG).")
+    pl.add_argument("trace", metavar="TRACE")
+    _add_policy(pl)
+    pl.add_argument("--output", "-o", metavar="PNG",
+                    help="the PNG to write (default: <trace name>.png)")
+    pl.add_argument("--lenient", action="store_true",
+                    help="skip malformed lines")
+    pl.set_defaults(func=plot_command)
+
+    t = commands.add_parser(
+        "trace", help="trace file tools (convert, info)",
+        description="Trace file tools. The format is in docs/traces.md.")
+    tsub = t.add_subparsers(dest="trace_command", metavar="ACTION")
+    c = tsub.add_parser(
+        "convert", help="convert between JSON lines and RMM's CSV",
+        description="Converts a trace; the output format follows OUT's "
+                    "name: .csv or .csv.gz is RMM's memory-event CSV, "
+                    "anything else JSON lines (.gz: compressed).")
+    c.add_argument("input", metavar="IN")
+    c.add_argument("output", metavar="OUT")
+    c.add_argument("--lenient", action="store_true",
+                   help="skip malformed lines of IN and report them")
+    c.set_defaults(func=convert_command)
+    i = tsub.add_parser("info", help="summarise a trace",
+                        description="Prints a trace's header, event counts "
+                                    "and peak live bytes.")
+    i.add_argument("trace", metavar="TRACE")
+    i.add_argument("--lenient", action="store_true",
+                   help="skip malformed lines")
+    i.set_defaults(func=info_command)
+    t.set_defaults(func=lambda args: (t.print_help(), EXIT_USAGE)[1])
+
+
+# -- handlers ------------------------------------------------------------------
+
+
+def _read(command: str, path: str, lenient: bool,
+          out: TextIO) -> Optional[tracefile.Trace]:
+    try:
+        trace = tracefile.read_trace(path, lenient=lenient)
+    except tracefile.TraceError as e:
+        _error(command, str(e) +
+               ("" if lenient or not e.line else
+                " (--lenient skips such lines)"))
+        return None
+    _report_skipped(trace, out)
+    return trace
+
+
+def _report_skipped(trace: tracefile.Trace, out: TextIO,
+                    limit: int = 20) -> None:
+    count = int(trace.core.skipped_count)
+    if not count:
+        return
+    out.write(f"{trace.path}: skipped {count} line(s):\n")
+    for s in trace.skipped[:limit]:
+        out.write(f"  line {s.line}: {s.reason}\n")
+    if count > limit:
+        out.write(f"  ... and {count - limit} more\n")
+
+
+def _result_rows(name: str, results: Sequence[ReplayResult]) -> List[List[str]]:
+    tr = bench.TraceResults(name=name, path="", events=0, devices=1,
+                            peak_live=0, load_s=0.0, results=list(results))
+    return bench.table_rows([tr])
+
+
+def bench_command(args: argparse.Namespace,
+                  out: TextIO = sys.stdout) -> int:
+    try:
+        policies = _policies(args.policy)
+    except PolicyError as e:
+        _error("bench", str(e))
+        return EXIT_USAGE
+    start = time.perf_counter()
+    if args.synthetic:
+        folder = os.path.join(args.out, "synthetic")
+        paths = bench.write_synthetic(folder)
+        source = f"synthetic traces in {folder}"
+    else:
+        folder = args.suite or bench.installed_suite_dir()
+        if folder is None:
+            _error("bench", "no bundled traces found (jaxlake/traces is "
+                            "empty); pass --suite DIR, or --synthetic to try "
+                            "synthetic traces")
+            return EXIT_INPUT
+        if not os.path.isdir(folder):
+            _error("bench", f"--suite {folder}: not a folder")
+            return EXIT_INPUT
+        paths = bench.suite_files(folder)
+        if not paths:
+            _error("bench", f"no traces (*.jsonl.gz, *.jsonl, *.csv) in "
+                            f"{folder}")
+            return EXIT_INPUT
+        source = folder
+    progress = bench.Progress(len(paths) * len(policies),
+                              enabled=False if args.no_progress else None)
+    try:
+        suite = bench.run_suite(paths, policies, args.capacity, progress,
+                                lenient=args.lenient)
+    except tracefile.TraceError as e:
+        progress.close()
+        _error("bench", str(e))
+        return EXIT_INPUT
+    progress.close()
+    cap = f"; capacity {args.capacity}" if args.capacity else ""
+    out.write(f"jaxlake bench: {len(suite)} trace(s) from {source}, "
+              f"{len(policies)} policies{cap}\n\n")
+    out.write(bench.format_table(bench.table_rows(suite) +
+                                 bench.summary_rows(suite)) + "\n")
+    out.write("U: peak live / peak reserved; W: peak reserved - peak live; "
+              "calls: driver memory calls; med/p99: CPU ns per call; "
+              "cap: out of memory under the capacity, at which event "
+              "(* mean, + total)\n\n")
+    claims = bench.comparisons(suite)
+    out.write("comparisons:\n" + bench.format_comparisons(claims) + "\n")
+    out.write(bench.speed_lines(suite) + "\n")
+    elapsed = time.perf_counter() - start
+    try:
+        written = bench.write_outputs(
+            suite, args.out, args.capacity, plots=not args.no_plots,
+            extra={"elapsed_s": elapsed, "source": source})
+    except Exception as e:  # a plot error must not lose the table
+        _error("bench", f"writing outputs failed: {e}")
+        return EXIT_INPUT
+    out.write("wrote " + ", ".join(written) + "\n")
+    out.write(f"done in {time.perf_counter() - start:.1f}s\n")
+    if args.check and any(c.ok is False for c in claims):
+        return EXIT_CLAIM
+    return 0
+
+
+def replay_command(args: argparse.Namespace,
+                   out: TextIO = sys.stdout) -> int:
+    try:
+        policies = _policies(args.policy)
+    except PolicyError as e:
+        _error("replay", str(e))
+        return EXIT_USAGE
+    trace = _read("replay", args.trace, args.lenient, out)
+    if trace is None:
+        return EXIT_INPUT
+    results = [replay(trace, p, args.capacity) for p in policies]
+    first = results[0]
+    out.write(f"{trace.name}: {len(trace)} events, {first.devices} "
+              f"device(s), peak live {format_size(first.peak_live)}")
+    if args.capacity:
+        out.write(f", capacity {args.capacity} = "
+                  f"{format_size(first.capacity or 0)} per device")
+    out.write("\n\n" + bench.format_table(_result_rows(trace.name, results))
+              + "\n")
+    for r in results:
+        if r.oom is not None:
+            out.write(f"{r.policy}: {r.oom.describe()}\n")
+        elif r.capacity is not None:
+            peak = r.capped_peak_reserved or r.peak_reserved
+            out.write(f"{r.policy}: fits the capacity (peak reserved "
+                      f"{format_size(peak)})\n")
+    if args.json:
+        data = {"format": "jaxlake-replay", "version": 1,
+                "trace": {"name": trace.name, "path": trace.path,
+                          "events": len(trace), "devices": trace.devices,
+                          "skipped": [list(s) for s in trace.skipped],
+                          "skipped_count": int(trace.core.skipped_count)},
+                "capacity": str(args.capacity) if args.capacity else None,
+                "results": {r.policy: r.to_json() for r in results}}
+        with open(args.json, "w", encoding="utf-8") as f:
+            json.dump(data, f, indent=1)
+            f.write("\n")
+        out.write(f"wrote {args.json}\n")
+    if args.plot:
+        from jaxlake._src import plot
+        try:
+            out.write(f"wrote {plot.plot_trace(trace.name, results, args.plot)}"
+                      "\n")
+        except plot.PlotError as e:
+            _error("replay", str(e))
+            return EXIT_INPUT
+    return 0
+
+
+def plot_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    from jaxlake._src import plot
+    try:
+        policies = _policies(args.policy)
+    except PolicyError as e:
+        _error("plot", str(e))
+        return EXIT_USAGE
+    trace = _read("plot", args.trace, args.lenient, out)
+    if trace is None:
+        return EXIT_INPUT
+    results = [replay(trace, p, None) for p in policies]
+    path = args.output or f"{plot.safe_name(trace.name)}.png"
+    try:
+        plot.plot_trace(trace.name, results, path)
+    except plot.PlotError as e:
+        _error("plot", str(e))
+        return EXIT_INPUT
+    out.write(f"wrote {path}\n")
+    return 0
+
+
+def convert_command(args: argparse.Namespace,
+                    out: TextIO = sys.stdout) -> int:
+    if os.path.abspath(args.input) == os.path.abspath(args.output):
+        _error("trace convert", "IN and OUT are the same file")
+        return EXIT_USAGE
+    try:
+        trace = tracefile.convert(args.input, args.output,
+                                  lenient=args.lenient)
+    except tracefile.TraceError as e:
+        _error("trace convert", str(e) +
+               ("" if args.lenient or not e.line else
+                " (--lenient skips such lines)"))
+        return EXIT_INPUT
+    except (OSError, ValueError) as e:
+        _error("trace convert", str(e))
+        return EXIT_INPUT
+    _report_skipped(trace, out)
+    out.write(f"wrote {args.output}: {len(trace)} events "
+              f"({tracefile.output_format(args.output)})\n")
+    return 0
+
+
+def info_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+    trace = _read("trace info", args.trace, args.lenient, out)
+    if trace is None:
+        return EXIT_INPUT
+    counts = list(trace.core.device_events())
+    out.write(f"{trace.path}\n  format   {trace.format}\n"
+              f"  name     {trace.name}\n  source   {trace.source}\n"
+              f"  devices  {trace.devices}\n  events   {len(trace)}\n")
+    for d, n in enumerate(counts):
+        if n:
+            out.write(f"  device {d}: {n} events, peak live "
+                      f"{format_size(int(trace.core.peak_live(d)))}\n")
+    if trace.meta:
+        out.write(f"  meta     {json.dumps(trace.meta, sort_keys=True)}\n")
+    return 0

@@ -1,0 +1,59 @@
+"""The `jaxlake` command (also `python -m jaxlake`)."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import textwrap
+from typing import List, Optional, Sequence
+
+from jaxlake._src import demo
+from jaxlake._src.options import OPTIONS, Option, format_size
+
+
+def _default(option: Option) -> str:
+    value = option.default
+    if isinstance(value, int) and not isinstance(value, bool) and value \
+            and option.kind.endswith("size"):
+        return f"{value} ({format_size(value)})"
+    return str(value)
+
+
+def format_options() -> str:
+    """The option table as text: name, variable, default, doc."""
+    lines: List[str] = [
+        "jaxlake options: Lake(backend, **options) keyword arguments, or "
+        "JAXLAKE_<NAME> environment",
+        "variables (keyword arguments win; sizes take KiB/MiB/GiB or "
+        "KB/MB/GB, booleans 1/0/true/false/on/off/yes/no).", ""]
+    for option in OPTIONS:
+        current = os.environ.get(option.env)
+        now = f"  [set: {current}]" if current is not None else ""
+        lines.append(f"{option.name}  ({option.env})  default "
+                     f"{_default(option)}{now}")
+        lines.extend(textwrap.wrap(option.doc, 76, initial_indent="    ",
+                                   subsequent_indent="    "))
+    return "\n".join(lines)
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs the command; returns its exit status."""
+    parser = argparse.ArgumentParser(
+        prog="jaxlake",
+        description="jaxlake: a GPU memory allocator that stitches free "
+                    "memory together (GMLake-style virtual memory stitching).")
+    commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    commands.add_parser(
+        "demo", help="show stitching with real bytes on the host backend")
+    commands.add_parser(
+        "options", help="list the options, their environment variables, "
+                        "defaults and docs")
+    args = parser.parse_args(argv)
+    if args.command == "demo":
+        return demo.run(sys.stdout)
+    if args.command == "options":
+        print(format_options())
+        return 0
+    parser.print_help()
+    return 2

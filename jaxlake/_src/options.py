@@ -1,0 +1,286 @@
+"""The option table: every setting of a lake, declared once.
+
+Each row of OPTIONS gives an option's name, kind, default and documentation.
+From that row come the keyword argument of jaxlake.Lake, the environment
+variable JAXLAKE_<NAME>, the parsing and checking of values and the
+`jaxlake options` listing.
+
+Rules:
+  * an explicit keyword argument (not None) wins over the environment, the
+    environment over the default;
+  * a misspelt option name raises ConfigurationError (a ValueError) listing
+    the valid names, with a "did you mean" when one is close;
+  * a bad value raises ConfigurationError naming the option, the value and
+    what was expected;
+  * a JAXLAKE_* environment variable that no option reads gives a
+    ConfigurationWarning (not an error: the variable may be meant for
+    another version of jaxlake), with a "did you mean".
+
+Environment values are forgiving: booleans accept 1/true/on/yes and
+0/false/off/no (any case); sizes accept a number of bytes or a number with a
+unit: B, KiB, MiB, GiB, TiB (powers of 1024) or KB, MB, GB, TB (powers of
+1000), e.g. "4GiB", "512 MiB", "1.5GiB".
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import mmap
+import os
+import re
+import warnings
+from typing import Dict, Mapping, Optional, Tuple, Union
+
+from jaxlake._src.errors import ConfigurationError, ConfigurationWarning
+
+ENV_PREFIX = "JAXLAKE_"
+
+#: A resolved option value.
+OptionValue = Union[int, float, bool, None]
+
+KIB = 1 << 10
+MIB = 1 << 20
+GIB = 1 << 30
+
+# Kinds of option, with what a value of that kind must be.
+_EXPECTED = {
+    "size": "a size in bytes >= 0: an int, or a string such as '512MiB'",
+    "positive_size": "a size in bytes > 0: an int, or a string such as '4GiB'",
+    "count": "an int >= 0",
+    "bool": "a bool (environment: 1/true/on/yes or 0/false/off/no)",
+    "capacity": ("a size in bytes > 0 (an int, or a string such as '4GiB'), "
+                 "or a float in (0, 1] meaning that fraction of the device "
+                 "memory, or None for the whole device"),
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """One row of the option table."""
+
+    name: str
+    kind: str            # a key of _EXPECTED
+    default: OptionValue
+    doc: str
+    lake: bool = True    # a field of the C++ LakeOptions (else a driver one)
+    power_of_two: bool = False
+
+    @property
+    def env(self) -> str:
+        """The environment variable that sets this option."""
+        return ENV_PREFIX + self.name.upper()
+
+    @property
+    def expected(self) -> str:
+        """What a value of this option must be, in words."""
+        text = _EXPECTED[self.kind]
+        if self.power_of_two:
+            text = "a power of two: " + text
+        return text
+
+
+OPTIONS: Tuple[Option, ...] = (
+    Option("capacity", "capacity", None,
+           "Physical bytes the lake may hold: bytes, a size string, or a "
+           "fraction in (0, 1] of device_memory; None: the whole device."),
+    Option("granularity", "positive_size", None,
+           "Chunk size of the host/sim driver, a power of two multiple of "
+           "the page size; None: the backend's (2 MiB).", lake=False,
+           power_of_two=True),
+    Option("device_memory", "positive_size", None,
+           "Device size of the host/sim driver; None: the backend's "
+           "(host 4 GiB, only what is touched is committed; sim 80 GiB).",
+           lake=False),
+    Option("small_limit", "size", MIB,
+           "Requests of at most this many bytes use the small-request pool "
+           "(at most one small slab)."),
+    Option("small_slab", "size", 0,
+           "Bytes of one small-pool slab, a multiple of the granularity; "
+           "0: one granule."),
+    Option("alignment", "positive_size", 256,
+           "Alignment of every returned address: a power of two between "
+           "256 and the granularity.", power_of_two=True),
+    Option("stitch", "bool", True,
+           "Serve large requests by stitching free blocks into one new "
+           "virtual range."),
+    Option("stitch_min", "size", 0,
+           "Requests below this size never stitch (GMLake's frag_limit); "
+           "0: any size may."),
+    Option("stitch_grow", "bool", True,
+           "Let a stitch create only the missing bytes as a new segment."),
+    Option("max_pieces", "count", 0,
+           "Most pieces (map calls) in one stitched range; 0: no limit."),
+    Option("stitch_cache", "count", 64,
+           "Freed stitched ranges kept mapped for reuse."),
+    Option("record_trace", "bool", False,
+           "Keep an in-memory trace of allocate/free events (Lake.trace())."),
+)
+
+#: JAXLAKE_* environment variables that other parts of jaxlake read (they
+#: are not lake options); resolve_options does not warn about these.
+OTHER_VARIABLES: Tuple[str, ...] = ()
+
+_BY_NAME: Dict[str, Option] = {o.name: o for o in OPTIONS}
+_ENV_NAMES: Dict[str, Option] = {o.env: o for o in OPTIONS}
+
+_UNITS = {
+    "": 1, "b": 1,
+    "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
+    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+}
+_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
+_TRUE = {"1", "true", "on", "yes", "y"}
+_FALSE = {"0", "false", "off", "no", "n"}
+
+
+def option_table() -> Tuple[Option, ...]:
+    """Every option, in table order."""
+    return OPTIONS
+
+
+def _did_you_mean(word: str, choices: Mapping[str, object]) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=1)
+    return f" (did you mean {close[0]!r}?)" if close else ""
+
+
+def unknown_option_error(name: str) -> ConfigurationError:
+    """The error for an option name that is not in the table."""
+    return ConfigurationError(
+        f"unknown option {name!r}{_did_you_mean(name, _BY_NAME)}; valid "
+        f"options: {', '.join(_BY_NAME)}")
+
+
+def parse_size(text: str) -> int:
+    """Bytes in a size string such as "4GiB", "512 MiB", "1.5GB" or "4096".
+
+    Raises ValueError when the text is not a size.
+    """
+    match = _SIZE_RE.match(text)
+    unit = match.group(2).lower() if match else ""
+    if not match or unit not in _UNITS:
+        raise ValueError(f"not a size: {text!r}")
+    number = match.group(1)
+    if "." not in number:
+        return int(number) * _UNITS[unit]
+    whole, _, frac = number.partition(".")
+    scale = int(10 ** len(frac))
+    numerator = int(whole or "0") * scale + int(frac or "0")
+    total, rest = divmod(numerator * _UNITS[unit], scale)
+    if rest:
+        raise ValueError(f"not a whole number of bytes: {text!r}")
+    return total
+
+
+def format_size(nbytes: int) -> str:
+    """A short readable size: 8 MiB, 1.5 GiB, 300 B."""
+    value = float(nbytes)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if value == int(value) \
+                else f"{value:.1f} {unit}"
+        value /= 1024
+    raise AssertionError("unreachable")
+
+
+def _bad(option: Option, value: object, env: str,
+         why: str = "") -> ConfigurationError:
+    where = f"{option.name}: environment variable {env}" if env \
+        else option.name
+    why = f" ({why})" if why else ""
+    return ConfigurationError(
+        f"option {where}={value!r} is invalid{why}; "
+        f"expected {option.expected}")
+
+
+def _parse(option: Option, value: object, env: str = "") -> OptionValue:
+    """A checked value for `option`: a keyword argument, or the string of
+    the environment variable `env`."""
+    kind = option.kind
+    if kind == "bool":
+        if isinstance(value, bool):
+            return value
+        if env and isinstance(value, str):
+            text = value.strip().lower()
+            if text in _TRUE:
+                return True
+            if text in _FALSE:
+                return False
+        raise _bad(option, value, env)
+
+    if kind == "capacity":
+        if isinstance(value, float) or (
+                isinstance(value, str) and _looks_like_fraction(value)):
+            try:
+                fraction = float(value)
+            except ValueError:
+                raise _bad(option, value, env) from None
+            if not 0.0 < fraction <= 1.0:
+                raise _bad(option, value, env,
+                           "a fraction must lie in (0, 1]")
+            return fraction
+        number = _integer(option, value, env, sizes=True)
+        if number <= 0:
+            raise _bad(option, value, env)
+        return number
+
+    number = _integer(option, value, env, sizes=(kind != "count"))
+    if number < 0 or (kind == "positive_size" and number == 0):
+        raise _bad(option, value, env)
+    if option.power_of_two and number & (number - 1):
+        raise _bad(option, value, env, "not a power of two")
+    if option.name == "granularity" and number % mmap.PAGESIZE:
+        raise _bad(option, value, env,
+                   f"not a multiple of the page size {mmap.PAGESIZE}")
+    return number
+
+
+def _looks_like_fraction(text: str) -> bool:
+    return "." in text and re.fullmatch(r"\s*[\d.]+\s*", text) is not None
+
+
+def _integer(option: Option, value: object, env: str, sizes: bool) -> int:
+    if isinstance(value, bool):  # bool is an int, but never a size
+        raise _bad(option, value, env)
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        try:
+            return parse_size(value) if sizes else int(value.strip())
+        except ValueError:
+            raise _bad(option, value, env) from None
+    raise _bad(option, value, env)
+
+
+def resolve_options(options: Optional[Mapping[str, object]] = None,
+                    environ: Optional[Mapping[str, str]] = None
+                    ) -> Dict[str, OptionValue]:
+    """Every option's value: `options` (keyword arguments), then the
+    environment, then the table's default.
+
+    `environ` defaults to os.environ. A value of None counts as not given. Raises ConfigurationError for an unknown name or a bad value;
+    warns (ConfigurationWarning) about unknown JAXLAKE_* variables.
+    """
+    options = {} if options is None else options
+    environment = os.environ if environ is None else environ
+    for name in options:
+        if name not in _BY_NAME:
+            raise unknown_option_error(name)
+    for var in environment:
+        if var.startswith(ENV_PREFIX) and var not in _ENV_NAMES \
+                and var not in OTHER_VARIABLES:
+            warnings.warn(
+                f"environment variable {var} is not a jaxlake option and is "
+                f"ignored{_did_you_mean(var, _ENV_NAMES)}; valid variables: "
+                f"{', '.join(_ENV_NAMES)}", ConfigurationWarning, stacklevel=3)
+    resolved: Dict[str, OptionValue] = {}
+    for option in OPTIONS:
+        given = options.get(option.name)
+        if given is not None:
+            resolved[option.name] = _parse(option, given)
+        elif option.env in environment:
+            resolved[option.name] = _parse(option, environment[option.env],
+                                          option.env)
+        else:
+            resolved[option.name] = option.default
+    return resolved

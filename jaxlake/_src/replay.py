@@ -1,0 +1,339 @@
+"""Replaying a trace through the allocation policies.
+
+The loop runs in the compiled core (cc/replay): Python picks the policy,
+the capacity and the device, and turns the core's figures into a
+ReplayResult. See docs/benchmarks.md for what each policy models and what
+each figure means.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import math
+import re
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+
+from jaxlake._src.errors import JaxlakeError
+from jaxlake._src.options import MIB, format_size, parse_size
+from jaxlake._src.tracefile import Trace
+
+#: Driver-call kinds that manage memory (event calls are reported apart).
+MEMORY_CALLS = ("reserve", "address_free", "create", "release", "map",
+                "unmap", "set_access")
+GRANULARITY = 2 * MIB
+#: The device size of an uncapped replay: large enough that no policy is
+#: ever refused memory, so each shows its natural peak.
+UNCAPPED = 1 << 40
+
+
+def _core() -> Any:
+    from jaxlake import _core
+    return _core
+
+
+def policy_names() -> Tuple[str, ...]:
+    """The policies, in table order: jaxlake, bfc, torch, torch-expandable,
+    gmlake."""
+    return tuple(_core().policy_names())
+
+
+class PolicyError(JaxlakeError, ValueError):
+    """An unknown policy name."""
+
+
+def check_policies(names: Sequence[str]) -> List[str]:
+    """`names` checked against the policy table (order kept, duplicates
+    dropped); raises PolicyError naming a bad one and the valid ones."""
+    known = policy_names()
+    out: List[str] = []
+    for name in names:
+        if name not in known:
+            close = difflib.get_close_matches(name, known, n=1)
+            hint = f" (did you mean {close[0]!r}?)" if close else ""
+            raise PolicyError(f"unknown policy {name!r}{hint}: expected one "
+                              "of " + ", ".join(known))
+        if name not in out:
+            out.append(name)
+    return out
+
+
+# -- capacity ----------------------------------------------------------------
+
+_FACTOR_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*x\s*$", re.IGNORECASE)
+
+
+@dataclasses.dataclass(frozen=True)
+class Capacity:
+    """A device size for a replay: a number of bytes, or a multiple of each
+    device's peak live bytes ("1.1x"). Either is rounded up to whole 2 MiB
+    granules."""
+
+    nbytes: Optional[int] = None
+    factor: Optional[float] = None
+
+    @classmethod
+    def parse(cls, text: Union[str, int, None]) -> Optional["Capacity"]:
+        """"none" (or None/""): no cap; "1.1x": a multiple of the peak live
+        bytes; "16GiB", "512MiB", "4096": bytes."""
+        if text is None:
+            return None
+        if isinstance(text, int) and not isinstance(text, bool):
+            if text <= 0:
+                raise ValueError(f"capacity must be positive, got {text}")
+            return cls(nbytes=text)
+        value = str(text).strip()
+        if value.lower() in ("", "none", "off", "0"):
+            return None
+        m = _FACTOR_RE.match(value)
+        if m:
+            factor = float(m.group(1))
+            if factor <= 0:
+                raise ValueError(f"capacity factor must be positive: {text!r}")
+            return cls(factor=factor)
+        try:
+            nbytes = parse_size(value)
+        except ValueError:
+            raise ValueError(
+                f"not a capacity: {text!r}; expected a size such as '16GiB', "
+                "a multiple of the peak live bytes such as '1.1x', or "
+                "'none'") from None
+        if nbytes <= 0:
+            raise ValueError(f"capacity must be positive, got {text!r}")
+        return cls(nbytes=nbytes)
+
+    def bytes_for(self, peak_live: int) -> int:
+        raw = self.nbytes if self.nbytes is not None else \
+            math.ceil((self.factor or 1.0) * peak_live)
+        granules = max(1, -(-int(raw) // GRANULARITY))
+        return granules * GRANULARITY
+
+    def __str__(self) -> str:
+        if self.nbytes is not None:
+            return format_size(self.nbytes)
+        return f"{self.factor:g}x peak live"
+
+
+# -- results -----------------------------------------------------------------
+
+
+@dataclasses.dataclass
+class OutOfMemory:
+    """Where a capped replay ran out of memory."""
+
+    device: int
+    event: int      # index in the trace's events
+    line: int       # line in the trace file
+    size: int       # the request that failed
+    stream: int
+    live: int       # requested bytes live then
+    reserved: int   # physical bytes the policy held then
+
+    def describe(self) -> str:
+        return (f"out of memory at event {self.event} (line {self.line}, "
+                f"device {self.device}): {format_size(self.size)} requested "
+                f"with {format_size(self.live)} live and "
+                f"{format_size(self.reserved)} reserved")
+
+
+@dataclasses.dataclass
+class ReplayResult:
+    """One policy's figures on one trace (summed over its devices)."""
+
+    trace: str
+    policy: str
+    devices: int
+    events: int
+    allocs: int
+    frees: int
+    peak_live: int          # requested bytes
+    peak_reserved: int      # physical bytes
+    waste: int              # peak_reserved - peak_live
+    utilisation: float      # peak_live / peak_reserved
+    calls: Dict[str, int]
+    counters: Dict[str, int]
+    median_ns: float        # median CPU time of an allocate or free
+    alloc_p50_ns: float
+    alloc_p99_ns: float
+    free_p50_ns: float
+    free_p99_ns: float
+    mean_ns: float
+    wall_s: float
+    events_per_s: float
+    timeline_event: List[int]
+    timeline_live: List[int]
+    timeline_reserved: List[int]
+    capacity: Optional[int] = None   # bytes per device, when capped
+    oom: Optional[OutOfMemory] = None
+    capped_peak_reserved: Optional[int] = None
+
+    @property
+    def memory_calls(self) -> int:
+        """Driver calls that manage memory (all kinds but events)."""
+        return sum(self.calls.get(k, 0) for k in MEMORY_CALLS)
+
+    def to_json(self, timeline: bool = True) -> Dict[str, Any]:
+        out = dataclasses.asdict(self)
+        out["memory_calls"] = self.memory_calls
+        if not timeline:
+            for key in ("timeline_event", "timeline_live",
+                        "timeline_reserved"):
+                out.pop(key)
+        return out
+
+
+def _one(trace: Trace, policy: str, options: Any, device: int,
+         timeline_points: int, timing: bool,
+         check_every: int) -> Dict[str, Any]:
+    try:
+        return dict(_core().replay(trace.core, policy, options, device,
+                                   timeline_points, timing, check_every))
+    except ValueError as e:
+        raise PolicyError(str(e)) from None
+
+
+def _options(capacity: Optional[int],
+             overrides: Optional[Dict[str, Any]]) -> Any:
+    core = _core()
+    o = core.PolicyOptions()
+    o.capacity = UNCAPPED if capacity is None else capacity
+    for key, value in (overrides or {}).items():
+        if key.startswith("lake_"):
+            setattr(o.lake, key[len("lake_"):], value)
+        else:
+            if not hasattr(o, key):
+                raise ValueError(f"unknown policy option {key!r}")
+            setattr(o, key, value)
+    return o
+
+
+def _merge_timelines(parts: List[Dict[str, Any]]) -> Tuple[List[int],
+                                                          List[int],
+                                                          List[int]]:
+    """Sums per-device timelines on their shared event axis, each device
+    holding its last value where it has no point."""
+    if len(parts) == 1:
+        p = parts[0]
+        return (list(p["timeline_event"]), list(p["timeline_live"]),
+                list(p["timeline_reserved"]))
+    keys = sorted({e for p in parts for e in p["timeline_event"]})
+    live = [0] * len(keys)
+    reserved = [0] * len(keys)
+    for p in parts:
+        points = dict(zip(p["timeline_event"],
+                          zip(p["timeline_live"], p["timeline_reserved"])))
+        last = (0, 0)
+        for i, key in enumerate(keys):
+            last = points.get(key, last)
+            live[i] += last[0]
+            reserved[i] += last[1]
+    return keys, live, reserved
+
+
+def _oom(part: Dict[str, Any]) -> OutOfMemory:
+    oom = part["oom"]
+    return OutOfMemory(device=int(part["device"]), event=int(oom["event"]),
+                       line=int(oom["line"]), size=int(oom["size"]),
+                       stream=int(oom["stream"]), live=int(oom["live"]),
+                       reserved=int(oom["reserved"]))
+
+
+def replay(trace: Trace, policy: str,
+           capacity: Union[Capacity, int, str, None] = None,
+           timeline_points: int = 1000, timing: bool = True,
+           check_every: int = 0,
+           options: Optional[Dict[str, Any]] = None) -> ReplayResult:
+    """Replays every device of `trace` through `policy`.
+
+    Without a capacity the policy may grow as it likes (a 1 TiB device);
+    its peak figures are its natural ones. With a capacity (per device),
+    the result also says whether, and where, the policy ran out of memory.
+    A policy whose uncapped peak fits the capacity behaves exactly as
+    uncapped (every model only reacts to the capacity when a request would
+    exceed it), so only policies that exceeded it are replayed again under
+    the cap; their capped peak is in `capped_peak_reserved`.
+
+    `options` sets fields of the core's PolicyOptions (e.g.
+    gmlake_frag_limit, torch_max_split_size; lake_<name> for the lake's).
+    """
+    check_policies([policy])
+    cap = capacity if isinstance(capacity, Capacity) or capacity is None \
+        else Capacity.parse(capacity)
+    counts = list(trace.core.device_events())
+    devices = [d for d, n in enumerate(counts) if n] or [0]
+    parts = [_one(trace, policy, _options(None, options), d,
+                  timeline_points, timing, check_every) for d in devices]
+    for p in parts:
+        if p["check_error"]:
+            raise AssertionError(f"{policy} on {trace.name}, device "
+                                 f"{p['device']}: {p['check_error']}")
+
+    def total(key: str) -> int:
+        return int(sum(p[key] for p in parts))
+
+    calls: Dict[str, int] = {}
+    counters: Dict[str, int] = {}
+    for p in parts:
+        for k, v in p["calls"].items():
+            calls[k] = calls.get(k, 0) + int(v)
+        for k, v in p["counters"].items():
+            counters[k] = counters.get(k, 0) + int(v)
+    # Per-call times: those of the busiest device.
+    main = max(parts, key=lambda p: p["events"])
+    ops = main["alloc_times"]["count"] + main["free_times"]["count"]
+    mean = ((main["alloc_times"]["total_ns"] + main["free_times"]["total_ns"])
+            / ops) if ops else 0.0
+    events = total("events")
+    wall = sum(p["wall_s"] for p in parts)
+    peak_live = total("peak_live")
+    peak_reserved = total("peak_reserved")
+    t_event, t_live, t_reserved = _merge_timelines(parts)
+    first_oom = min((p for p in parts if p["oom"] is not None),
+                    key=lambda p: p["oom"]["event"], default=None)
+    result = ReplayResult(
+        trace=trace.name, policy=policy, devices=len(devices), events=events,
+        allocs=total("allocs"), frees=total("frees"), peak_live=peak_live,
+        peak_reserved=peak_reserved, waste=peak_reserved - peak_live,
+        utilisation=peak_live / peak_reserved if peak_reserved else 0.0,
+        calls=calls, counters=counters, median_ns=float(main["median_ns"]),
+        alloc_p50_ns=float(main["alloc_times"]["p50_ns"]),
+        alloc_p99_ns=float(main["alloc_times"]["p99_ns"]),
+        free_p50_ns=float(main["free_times"]["p50_ns"]),
+        free_p99_ns=float(main["free_times"]["p99_ns"]),
+        mean_ns=mean, wall_s=wall,
+        events_per_s=events / wall if wall > 0 else 0.0,
+        timeline_event=t_event, timeline_live=t_live,
+        timeline_reserved=t_reserved)
+    if first_oom is not None:  # more than UNCAPPED bytes
+        result.oom = _oom(first_oom)
+    if cap is None:
+        return result
+    capped_peak = 0
+    for p in parts:
+        nbytes = cap.bytes_for(int(p["peak_live"]))
+        result.capacity = max(result.capacity or 0, nbytes)
+        if p["peak_reserved"] <= nbytes:
+            capped_peak += int(p["peak_reserved"])
+            continue
+        c = _one(trace, policy, _options(nbytes, options), p["device"], 0,
+                 False, check_every)
+        if c["check_error"]:
+            raise AssertionError(f"{policy} on {trace.name} under a cap: "
+                                 f"{c['check_error']}")
+        capped_peak += int(c["peak_reserved"])
+        oom = c["oom"]
+        if oom is not None and (result.oom is None or
+                                oom["event"] < result.oom.event):
+            result.oom = _oom(c)
+    result.capped_peak_reserved = capped_peak
+    return result
+
+
+def replay_all(trace: Trace, policies: Optional[Sequence[str]] = None,
+               capacity: Union[Capacity, int, str, None] = None,
+               **kwargs: Any) -> List[ReplayResult]:
+    """replay() for each policy (all by default), in table order."""
+    names = check_policies(policies) if policies else list(policy_names())
+    cap = capacity if isinstance(capacity, Capacity) or capacity is None \
+        else Capacity.parse(capacity)
+    return [replay(trace, name, cap, **kwargs) for name in names]

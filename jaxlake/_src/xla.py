@@ -1,0 +1,627 @@
+"""Hands XLA's GPU allocations to the lake.
+
+XLA's GPU client takes no outside allocator. Its `cuda_async` allocator,
+though, allocates every device buffer with `cuMemAllocFromPoolAsync` and
+frees it with `cuMemFreeAsync`, which the CUDA plugin looks up in
+`libcuda.so.1` with dlopen/dlsym. jaxlake ships a stand-in for that library
+(jaxlake/_lib/libcuda.so.1, built from cc/shim/): loaded with RTLD_GLOBAL
+before anything opens the real driver, it is what the plugin's later
+`dlopen("libcuda.so.1")` returns. It forwards every driver call to the real
+driver and serves those two from one lake per device.
+
+So configure() must run before JAX initialises its backends (the first
+`jax.devices()` or operation); `import jax` alone is fine. The environment
+(`JAXLAKE=1`, `JAXLAKE_<OPTION>`, `--jaxlake_<option>` in XLA_FLAGS) takes
+the same path through the start-up hook (jaxlake/_src/startup.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import ctypes
+import dataclasses
+import json
+import os
+import shlex
+import subprocess
+import sys
+import threading
+import warnings
+from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+
+from jaxlake._src import options as _options
+from jaxlake._src.errors import ConfigurationError
+from jaxlake._src.stats import Stats
+
+#: The options configure() takes (the lake's; granularity and device memory
+#: belong to the real device).
+LAKE_OPTIONS: Tuple[str, ...] = tuple(
+    o.name for o in _options.OPTIONS if o.lake)
+
+#: Environment variables of the integration that are not lake options.
+ENABLE_ENV = "JAXLAKE"
+REAL_DRIVER_ENV = "JAXLAKE_REAL_LIBCUDA"
+TRACE_ENV = "JAXLAKE_TRACE_FILE"
+HOOKS_ENV = "JAXLAKE_SHIM_HOOKS"
+REQUIRED_ENV = "JAXLAKE_REQUIRED"
+FRACTION_ENV = "JAXLAKE_CAPACITY_FRACTION"
+#: Variables of the integration, beside the JAXLAKE_<OPTION> ones.
+INTEGRATION_ENV: Tuple[str, ...] = (
+    ENABLE_ENV, REAL_DRIVER_ENV, TRACE_ENV, HOOKS_ENV, REQUIRED_ENV,
+    FRACTION_ENV)
+
+ALLOCATOR_ENV = "XLA_PYTHON_CLIENT_ALLOCATOR"
+PREALLOCATE_ENV = "XLA_PYTHON_CLIENT_PREALLOCATE"
+FLAG_PREFIX = "--jaxlake_"
+
+# Where drivers live on the systems we know (searched in order after
+# JAXLAKE_REAL_LIBCUDA); then the linker cache.
+DRIVER_DIRS: Tuple[str, ...] = (
+    "/usr/lib/x86_64-linux-gnu",
+    "/usr/lib64",
+    "/usr/local/nvidia/lib64",
+    "/usr/local/nvidia/lib",
+    "/usr/lib/wsl/lib",
+    "/usr/local/cuda/compat",
+    "/usr/lib",
+)
+
+CUDA_SUCCESS = 0
+VMM_ATTRIBUTE = 102  # CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
+MIN_DRIVER_VERSION = 10020  # the VMM API arrived with CUDA 10.2
+
+
+def shim_path() -> str:
+    """Path of the libcuda.so.1 stand-in shipped with the package."""
+    return os.path.join(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))), "_lib", "libcuda.so.1")
+
+
+def _same_file(a: str, b: str) -> bool:
+    try:
+        return os.path.samefile(a, b)
+    except OSError:
+        return False
+
+
+def find_real_driver(environ: Optional[Mapping[str, str]] = None
+                     ) -> Tuple[Optional[str], str]:
+    """The real driver's absolute path, or None and why none was found."""
+    env = os.environ if environ is None else environ
+    shim = shim_path()
+    given = env.get(REAL_DRIVER_ENV)
+    if given:
+        if not os.path.isabs(given) or not os.path.isfile(given):
+            return None, (f"{REAL_DRIVER_ENV}={given!r} is not an absolute "
+                          "path to a file")
+        if _same_file(given, shim):
+            return None, (f"{REAL_DRIVER_ENV} points at jaxlake's own "
+                          "libcuda.so.1; it must name the real driver")
+        return given, ""
+    candidates = [os.path.join(d, "libcuda.so.1") for d in DRIVER_DIRS]
+    candidates += _ldconfig_paths()
+    for path in candidates:
+        if os.path.isfile(path) and not _same_file(path, shim):
+            return os.path.realpath(path), ""
+    return None, ("no CUDA driver found: libcuda.so.1 is in none of "
+                  f"{', '.join(DRIVER_DIRS)} nor in the linker cache "
+                  f"(set {REAL_DRIVER_ENV} to its absolute path)")
+
+
+def _ldconfig_paths() -> List[str]:
+    try:
+        out = subprocess.run(["ldconfig", "-p"], capture_output=True,
+                             text=True, timeout=10, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    return [line.split("=>", 1)[1].strip() for line in out.splitlines()
+            if "libcuda.so.1" in line and "=>" in line]
+
+
+def loaded_drivers() -> List[str]:
+    """Paths of libcuda libraries mapped into this process (the shim too)."""
+    found: List[str] = []
+    try:
+        with open("/proc/self/maps", encoding="utf-8") as maps:
+            for line in maps:
+                path = line.rstrip("\n").split(None, 5)[-1]
+                base = os.path.basename(path)
+                if base.startswith("libcuda.so") and path not in found:
+                    found.append(path)
+    except OSError:
+        pass
+    return found
+
+
+def jax_backends_initialised() -> bool:
+    """True once JAX has created its backends (the driver is open then)."""
+    bridge = sys.modules.get("jax._src.xla_bridge")
+    return bool(getattr(bridge, "_backends", None))
+
+
+# -- XLA_FLAGS -----------------------------------------------------------------
+
+
+def split_xla_flags(value: str) -> Tuple[str, Dict[str, str]]:
+    """Splits XLA_FLAGS into (the flags XLA should see, jaxlake's entries).
+
+    `--jaxlake_<option>=<value>` entries become {option: value}; a bare
+    `--jaxlake_<option>` means "true"; `--jaxlake` or `--jaxlake_enable`
+    turns the lake on (key "enable"). Every other token is kept as it was,
+    in order.
+    """
+    kept: List[str] = []
+    ours: Dict[str, str] = {}
+    for token in shlex.split(value) if value.strip() else []:
+        if token == "--jaxlake" or token.startswith(FLAG_PREFIX):
+            name, _, val = token[len(FLAG_PREFIX):].partition("=")
+            if token == "--jaxlake":
+                name = "enable"
+            ours[name or "enable"] = val if val else "true"
+        else:
+            kept.append(token)
+    return " ".join(shlex.quote(t) for t in kept), ours
+
+
+def strip_xla_flags(environ: Optional[Dict[str, str]] = None
+                    ) -> Dict[str, str]:
+    """Removes jaxlake's entries from XLA_FLAGS (XLA aborts on unknown
+    flags) and returns them."""
+    env = os.environ if environ is None else environ
+    value = env.get("XLA_FLAGS")
+    if value is None:
+        return {}
+    kept, ours = split_xla_flags(value)
+    if ours:
+        if kept:
+            env["XLA_FLAGS"] = kept
+        else:
+            del env["XLA_FLAGS"]
+    return ours
+
+
+# -- the shim -----------------------------------------------------------------
+
+
+class _Shim:
+    """The loaded libcuda.so.1 stand-in (ctypes)."""
+
+    def __init__(self, path: str) -> None:
+        self.path = path
+        self.lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL)
+        lib = self.lib
+        lib.jaxlake_shim_api_version.restype = ctypes.c_int
+        for name in ("jaxlake_shim_reason", "jaxlake_shim_hooks_json",
+                     "jaxlake_shim_status_json"):
+            fn = getattr(lib, name)
+            fn.restype = ctypes.c_size_t
+            fn.argtypes = [ctypes.c_char_p, ctypes.c_size_t]
+        lib.jaxlake_shim_stats_json.restype = ctypes.c_longlong
+        lib.jaxlake_shim_stats_json.argtypes = [
+            ctypes.c_int, ctypes.c_char_p, ctypes.c_size_t]
+        lib.jaxlake_shim_lake_devices.restype = ctypes.c_int
+        lib.jaxlake_shim_lake_devices.argtypes = [
+            ctypes.POINTER(ctypes.c_int), ctypes.c_int]
+        lib.jaxlake_shim_empty_cache.restype = ctypes.c_longlong
+        lib.jaxlake_shim_empty_cache.argtypes = [ctypes.c_int]
+        lib.jaxlake_shim_trace_start.restype = ctypes.c_int
+        lib.jaxlake_shim_trace_start.argtypes = [ctypes.c_char_p,
+                                                 ctypes.c_char_p]
+        lib.jaxlake_shim_trace_stop.restype = ctypes.c_longlong
+        lib.jaxlake_shim_active.restype = ctypes.c_int
+
+    @staticmethod
+    def _text(fn: Any, *args: Any) -> Optional[str]:
+        size = 4096
+        while True:
+            buf = ctypes.create_string_buffer(size)
+            n = fn(*args, buf, size)
+            if n < 0:
+                return None
+            if n < size:
+                return buf.value.decode("utf-8", "replace")
+            size = int(n) + 1
+
+    @property
+    def active(self) -> bool:
+        return bool(self.lib.jaxlake_shim_active())
+
+    def reason(self) -> str:
+        return self._text(self.lib.jaxlake_shim_reason) or ""
+
+    def status(self) -> Dict[str, Any]:
+        return dict(json.loads(
+            self._text(self.lib.jaxlake_shim_status_json) or "{}"))
+
+    def hooks(self) -> Dict[str, Dict[str, int]]:
+        return dict(json.loads(
+            self._text(self.lib.jaxlake_shim_hooks_json) or "{}"))
+
+    def devices(self) -> List[int]:
+        out = (ctypes.c_int * 64)()
+        n = self.lib.jaxlake_shim_lake_devices(out, 64)
+        return [out[i] for i in range(min(n, 64))]
+
+    def stats(self, device: int) -> Optional[Dict[str, Any]]:
+        text = self._text(self.lib.jaxlake_shim_stats_json, device)
+        return None if text is None else dict(json.loads(text))
+
+    def empty_cache(self, device: int) -> int:
+        return int(self.lib.jaxlake_shim_empty_cache(device))
+
+    def trace_start(self, path: str, name: Optional[str]) -> int:
+        return int(self.lib.jaxlake_shim_trace_start(
+            os.fsencode(path), None if name is None else name.encode()))
+
+    def trace_stop(self) -> int:
+        return int(self.lib.jaxlake_shim_trace_stop())
+
+    # Forwarded driver calls, for the probe.
+    def driver_call(self, name: str, *args: Any) -> int:
+        fn = getattr(self.lib, name)
+        fn.restype = ctypes.c_int
+        return int(fn(*args))
+
+
+def _already_loaded_shim() -> Optional[_Shim]:
+    """The shim if this process already has it (LD_PRELOAD, a hook)."""
+    for path in loaded_drivers():
+        try:
+            lib = ctypes.CDLL(path, mode=ctypes.RTLD_GLOBAL | os.RTLD_NOLOAD)
+        except OSError:
+            continue
+        if hasattr(lib, "jaxlake_shim_api_version"):
+            return _Shim(path)
+    return None
+
+
+# -- probing the driver ---------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Device:
+    """A CUDA device as the driver reports it."""
+
+    ordinal: int
+    total_memory: int
+    vmm: bool
+
+
+def probe(shim: _Shim) -> Tuple[int, List[Device], str]:
+    """Driver version, devices and a problem (or "") through the shim's
+    forwarding entry points."""
+    version = ctypes.c_int(0)
+    if shim.driver_call("cuDriverGetVersion", ctypes.byref(version)):
+        return 0, [], "cuDriverGetVersion failed: the driver is unusable"
+    if version.value < MIN_DRIVER_VERSION:
+        return version.value, [], (
+            f"the CUDA driver is too old for virtual memory management "
+            f"(version {version.value}, need {MIN_DRIVER_VERSION} or newer)")
+    rc = shim.driver_call("cuInit", ctypes.c_uint(0))
+    if rc != CUDA_SUCCESS:
+        return version.value, [], f"cuInit failed with CUDA error {rc}"
+    count = ctypes.c_int(0)
+    if shim.driver_call("cuDeviceGetCount", ctypes.byref(count)):
+        return version.value, [], "cuDeviceGetCount failed"
+    devices: List[Device] = []
+    for i in range(count.value):
+        dev = ctypes.c_int(0)
+        vmm = ctypes.c_int(0)
+        total = ctypes.c_size_t(0)
+        if shim.driver_call("cuDeviceGet", ctypes.byref(dev), ctypes.c_int(i)):
+            continue
+        shim.driver_call("cuDeviceGetAttribute", ctypes.byref(vmm),
+                         ctypes.c_int(VMM_ATTRIBUTE), dev)
+        shim.driver_call("cuDeviceTotalMem_v2", ctypes.byref(total), dev)
+        devices.append(Device(i, total.value, bool(vmm.value)))
+    if not devices:
+        return version.value, [], "the driver reports no CUDA device"
+    if not any(d.vmm for d in devices):
+        return version.value, devices, (
+            "no device supports virtual memory management "
+            "(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0)")
+    return version.value, devices, ""
+
+
+# -- configure() ------------------------------------------------------------------
+
+
+@dataclasses.dataclass(frozen=True)
+class Status:
+    """What configure() did. True when the lake serves XLA's allocations."""
+
+    active: bool
+    reason: str
+    driver: Optional[str] = None
+    shim: Optional[str] = None
+    driver_version: int = 0
+    devices: Tuple[Device, ...] = ()
+    options: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+    def __bool__(self) -> bool:
+        return self.active
+
+    def __str__(self) -> str:
+        if self.active:
+            return (f"jaxlake: lake active on {len(self.devices)} device(s) "
+                    f"(driver {self.driver})")
+        return f"jaxlake: lake inactive: {self.reason}"
+
+
+_lock = threading.Lock()
+_configured: Optional[Tuple[Tuple[Tuple[str, Any], ...], Status]] = None
+_shim: Optional[_Shim] = None
+
+
+def _env_value(value: Any) -> str:
+    if isinstance(value, bool):
+        return "1" if value else "0"
+    return str(int(value))
+
+
+def configure(*, required: bool = False, trace: Optional[str] = None,
+              **options: Any) -> Status:
+    """Routes XLA's GPU allocations through the lake. Call it before JAX
+    initialises its backends (the first `jax.devices()` or operation).
+
+    Keyword arguments are lake options (see `jaxlake options`; capacity may
+    be bytes, a size string or a fraction of the device memory); they win
+    over `--jaxlake_<option>` entries in XLA_FLAGS, which win over
+    JAXLAKE_<OPTION> variables. `trace` names a file to write the
+    allocation trace to (JSON lines, docs/traces.md).
+
+    Returns a Status: active, or inactive with the reason (no driver, no
+    device with virtual memory management, ...). With required=True an
+    inactive lake raises ConfigurationError instead. Calling it again with
+    the same options returns the same status; with other options it raises.
+    """
+    global _configured, _shim
+    with _lock:
+        flags = strip_xla_flags()
+        flags.pop("enable", None)
+        for name, value in flags.items():
+            if name == "trace":
+                trace = trace if trace is not None else value
+            elif name == "required":
+                required = required or truthy(value)
+            elif name not in LAKE_OPTIONS:
+                raise ConfigurationError(
+                    f"XLA_FLAGS entry --jaxlake_{name}: "
+                    + str(_options.unknown_option_error(name)))
+        for name in options:
+            if name not in LAKE_OPTIONS:
+                raise _options.unknown_option_error(name) if \
+                    name not in _options._BY_NAME else ConfigurationError(
+                        f"option {name!r} belongs to the host and sim "
+                        "backends; configure() takes: "
+                        + ", ".join(LAKE_OPTIONS))
+        merged: Dict[str, Any] = {**flags, **{k: v for k, v in
+                                              options.items()
+                                              if v is not None}}
+        resolved = _options.resolve_options(merged)
+        resolved = {k: v for k, v in resolved.items() if k in LAKE_OPTIONS}
+        if trace is None:
+            trace = os.environ.get(TRACE_ENV) or None
+        key = tuple(sorted(resolved.items())) + (("trace", trace),)
+        if _configured is not None:
+            if _configured[0] == key:
+                return _configured[1]
+            raise ConfigurationError(
+                "jaxlake.configure() was already called with other options "
+                f"({dict(_configured[0])}); the lake cannot be reconfigured "
+                "once loaded: call configure() once, before JAX starts")
+        status = _configure(resolved, trace)
+        _configured = (key, status)
+    if required and not status.active:
+        raise ConfigurationError(
+            f"jaxlake.configure(required=True): {status.reason}")
+    return status
+
+
+def _configure(resolved: Dict[str, Any], trace: Optional[str]) -> Status:
+    global _shim
+    if jax_backends_initialised():
+        raise ConfigurationError(
+            "JAX has already initialised its backends, so the CUDA driver is "
+            "open and XLA's allocator is fixed: call jaxlake.configure() "
+            "before the first jax.devices() or JAX operation (import jax is "
+            "fine), or start the program with `jaxlake run` or JAXLAKE=1")
+    shim = _already_loaded_shim()
+    if shim is None:
+        real = [p for p in loaded_drivers()]
+        if real:
+            raise ConfigurationError(
+                f"the CUDA driver ({real[0]}) is already loaded in this "
+                "process, so XLA would not see jaxlake's hooks: call "
+                "jaxlake.configure() before anything initialises CUDA, or "
+                "start the program with `jaxlake run`")
+    driver, why = find_real_driver()
+    if driver is None and shim is None:
+        return Status(False, why, options=resolved)
+    if not os.path.isfile(shim_path()) and shim is None:
+        return Status(False, f"this build of jaxlake has no CUDA shim "
+                      f"({shim_path()} is missing)", driver=driver,
+                      options=resolved)
+    _set_allocator_env()
+    if shim is None:
+        os.environ.update(shim_environment(resolved, driver or "", trace))
+        shim = _Shim(shim_path())
+    elif trace:
+        shim.trace_start(os.path.abspath(trace), None)
+    _shim = shim
+    version, devices, problem = probe(shim)
+    if problem:
+        return Status(False, problem, driver=driver, shim=shim.path,
+                      driver_version=version, devices=tuple(devices),
+                      options=resolved)
+    if not shim.active:
+        return Status(False, shim.reason() or "the shim is inactive",
+                      driver=driver, shim=shim.path, driver_version=version,
+                      devices=tuple(devices), options=resolved)
+    return Status(True, "", driver=driver, shim=shim.path,
+                  driver_version=version, devices=tuple(devices),
+                  options=resolved)
+
+
+def truthy(value: Optional[str]) -> bool:
+    """An environment-style boolean: 1/true/on/yes (any case)."""
+    return (value or "").strip().lower() in ("1", "true", "on", "yes")
+
+
+def shim_environment(resolved: Mapping[str, Any], driver: str,
+                     trace: Optional[str]) -> Dict[str, str]:
+    """The variables the shim reads when it loads (cc/shim/options.h):
+    every option as plain bytes, counts or 0/1; a capacity fraction as
+    JAXLAKE_CAPACITY_FRACTION (the shim applies it to each device)."""
+    env = {REAL_DRIVER_ENV: driver}
+    for name, value in resolved.items():
+        var = _options._BY_NAME[name].env
+        if name == "capacity" and isinstance(value, float):
+            env[FRACTION_ENV] = repr(value)
+            env[var] = "0"
+        elif value is None:
+            env[var] = "0"
+        else:
+            env[var] = _env_value(value)
+    if trace:
+        env[TRACE_ENV] = os.path.abspath(trace)
+    return env
+
+
+def _set_allocator_env() -> None:
+    """XLA's cuda_async allocator is the one the shim serves."""
+    allocator = os.environ.get(ALLOCATOR_ENV)
+    if allocator not in (None, "", "cuda_async"):
+        warnings.warn(
+            f"{ALLOCATOR_ENV}={allocator} is replaced by cuda_async: jaxlake "
+            "serves XLA's cuda_async allocator, and with any other allocator "
+            "XLA's buffers would bypass the lake", stacklevel=4)
+    os.environ[ALLOCATOR_ENV] = "cuda_async"
+    prealloc = os.environ.get(PREALLOCATE_ENV)
+    if prealloc is not None and prealloc.strip().lower() not in (
+            "false", "0", "no", "off"):
+        warnings.warn(
+            f"{PREALLOCATE_ENV}={prealloc} is replaced by false: "
+            "preallocation would hand the whole device to the lake in one "
+            "block at start", stacklevel=4)
+    os.environ[PREALLOCATE_ENV] = "false"
+
+
+# -- reporting ------------------------------------------------------------------
+
+
+def _loaded_shim() -> Optional[_Shim]:
+    global _shim
+    if _shim is None:
+        _shim = _already_loaded_shim()
+    return _shim
+
+
+def status() -> Status:
+    """The lake's status in this process (configured or not)."""
+    if _configured is not None:
+        return _configured[1]
+    shim = _loaded_shim()
+    if shim is None:
+        return Status(False, "jaxlake.configure() was not called and the "
+                      "shim is not loaded")
+    return Status(shim.active, shim.reason(), shim=shim.path)
+
+
+def devices() -> List[int]:
+    """Ordinals of the devices whose allocations the lake serves."""
+    shim = _loaded_shim()
+    return shim.devices() if shim is not None else []
+
+
+def stats(device: Optional[int] = None) -> Stats:
+    """Statistics of the lake of `device` (default: the first one that
+    served an allocation).
+
+    Note: `jax.Device.memory_stats()` under the cuda_async allocator is
+    XLA's own bookkeeping of what it requested; reserved bytes and
+    fragmentation are only here.
+    """
+    shim = _loaded_shim()
+    if shim is None:
+        raise ConfigurationError(
+            f"no lake in this process: {status().reason}")
+    ordinals = shim.devices()
+    if device is None:
+        if not ordinals:
+            raise ConfigurationError(
+                "the lake has served no allocation yet (no device has a "
+                "lake); run a JAX operation on the GPU first")
+        device = ordinals[0]
+    raw = shim.stats(int(device))
+    if raw is None:
+        raise ConfigurationError(
+            f"device {device} has no lake; devices with one: {ordinals}")
+    gauges = {name: (g["current"], g["peak"])
+              for name, g in raw["gauges"].items()}
+    return Stats.from_core({"gauges": gauges, "counters": raw["counters"],
+                            "driver_calls": raw["driver_calls"]})
+
+
+def hook_counts() -> Dict[str, Dict[str, int]]:
+    """Calls of the hooked driver entry points (served/forwarded/failed)."""
+    shim = _loaded_shim()
+    return shim.hooks() if shim is not None else {}
+
+
+def empty_cache(device: Optional[int] = None) -> int:
+    """Releases cached memory of one lake (or all); returns bytes."""
+    shim = _loaded_shim()
+    if shim is None:
+        return 0
+    return max(0, shim.empty_cache(-1 if device is None else int(device)))
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):8.3f}"
+
+
+def memory_report() -> str:
+    """A table of each lake's figures, for people."""
+    st = status()
+    shim = _loaded_shim()
+    if shim is None or not (st.active or shim.active):
+        return f"jaxlake: lake inactive: {st.reason}"
+    rows = []
+    for device in shim.devices():
+        s = stats(device)
+        rows.append((device, s))
+    if not rows:
+        return "jaxlake: lake active, no allocation served yet"
+    head = (f"{'device':>6} {'in use GiB':>10} {'peak GiB':>9} "
+            f"{'reserved GiB':>12} {'peak res GiB':>12} {'util':>6} "
+            f"{'stitched':>8} {'reused':>7} {'grown':>6} {'OOM':>4} "
+            f"{'maps':>6}")
+    lines = ["jaxlake memory report (physical bytes; stitched ranges add "
+             "none)", head, "-" * len(head)]
+    for device, s in rows:
+        lines.append(
+            f"{device:>6} {_gib(s.bytes_in_use):>10} "
+            f"{_gib(s.bytes_in_use_peak):>9} {_gib(s.bytes_reserved):>12} "
+            f"{_gib(s.bytes_reserved_peak):>12} {s.utilisation:6.3f} "
+            f"{s.alloc_stitch + s.alloc_stitch_grow:>8} "
+            f"{s.alloc_stitch_reuse:>7} {s.alloc_grow:>6} {s.ooms:>4} "
+            f"{s.driver_calls.get('map', 0):>6}")
+    return "\n".join(lines)
+
+
+@contextlib.contextmanager
+def trace(path: str, name: Optional[str] = None) -> Iterator[str]:
+    """Writes the lake's allocation trace (JSON lines, docs/traces.md) to
+    `path` while the block runs."""
+    shim = _loaded_shim()
+    if shim is None or not shim.active:
+        raise ConfigurationError(
+            f"jaxlake.trace() needs an active lake: {status().reason}")
+    rc = shim.trace_start(os.path.abspath(path), name)
+    if rc != 0:
+        raise OSError(-rc, f"cannot write the trace to {path}")
+    try:
+        yield path
+    finally:
+        shim.trace_stop()

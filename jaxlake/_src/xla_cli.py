@@ -1,0 +1,194 @@
+"""`jaxlake run` and `jaxlake doctor`."""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import sys
+from importlib import metadata
+from typing import Any, Dict, List, Optional, TextIO
+
+from jaxlake._src import options as _options
+from jaxlake._src import xla
+from jaxlake._src.errors import ConfigurationError
+
+JAX_DISTRIBUTIONS = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt",
+                     "jax-cuda13-plugin", "jax-cuda13-pjrt", "flax", "optax")
+
+
+def register(commands: Any) -> None:
+    """Adds the subcommands to the `jaxlake` parser."""
+    run = commands.add_parser(
+        "run", help="run a program with the lake preloaded (LD_PRELOAD)",
+        description="Runs COMMAND with jaxlake's libcuda.so.1 preloaded, so "
+                    "every JAX process it starts allocates device memory "
+                    "from the lake. Options come from JAXLAKE_<OPTION> "
+                    "variables and --jaxlake_<option> entries in XLA_FLAGS "
+                    "(see `jaxlake options`).")
+    run.add_argument("--required", action="store_true",
+                     help="fail instead of running without the lake when no "
+                          "CUDA driver is found")
+    run.add_argument("--trace", metavar="PATH",
+                     help="write the allocation trace (JSON lines) to PATH")
+    run.add_argument("argv", nargs=argparse.REMAINDER, metavar="COMMAND",
+                     help="the program and its arguments (after --)")
+    run.set_defaults(func=_run)
+    doctor = commands.add_parser(
+        "doctor", help="check versions, the driver, VMM support and hooks")
+    doctor.add_argument("--no-jax", action="store_true",
+                        help="do not start JAX to check the hooks")
+    doctor.set_defaults(func=_doctor)
+
+
+def run_environment(environ: Dict[str, str], trace: Optional[str]
+                    ) -> Dict[str, str]:
+    """The environment `jaxlake run` gives the program. Raises
+    ConfigurationError for a bad option or when no driver is found."""
+    env = dict(environ)
+    flags = xla.strip_xla_flags(env)
+    flags.pop("enable", None)
+    if "trace" in flags:
+        trace = trace or flags.pop("trace")
+    flags.pop("required", None)
+    unknown = [n for n in flags if n not in xla.LAKE_OPTIONS]
+    if unknown:
+        raise ConfigurationError(
+            f"XLA_FLAGS entry --jaxlake_{unknown[0]}: "
+            + str(_options.unknown_option_error(unknown[0])))
+    resolved = _options.resolve_options(flags, env)
+    resolved = {k: v for k, v in resolved.items() if k in xla.LAKE_OPTIONS}
+    driver, why = xla.find_real_driver(env)
+    if driver is None:
+        raise ConfigurationError(why)
+    shim = xla.shim_path()
+    if not os.path.isfile(shim):
+        raise ConfigurationError(f"this build of jaxlake has no CUDA shim "
+                                 f"({shim} is missing)")
+    env.update(xla.shim_environment(resolved, driver, trace))
+    preload = env.get("LD_PRELOAD", "")
+    env["LD_PRELOAD"] = shim + (" " + preload if preload else "")
+    env[xla.ALLOCATOR_ENV] = "cuda_async"
+    env[xla.PREALLOCATE_ENV] = "false"
+    env[xla.ENABLE_ENV] = "1"
+    return env
+
+
+def _run(args: argparse.Namespace) -> int:
+    argv: List[str] = list(args.argv)
+    if argv and argv[0] == "--":
+        argv = argv[1:]
+    if not argv:
+        print("jaxlake run: give the program to run, e.g. "
+              "`jaxlake run -- python train.py`", file=sys.stderr)
+        return 2
+    try:
+        env = run_environment(dict(os.environ), args.trace)
+    except ConfigurationError as error:
+        if args.required:
+            print(f"jaxlake run: {error}", file=sys.stderr)
+            return 1
+        print(f"jaxlake run: lake inactive ({error}); running the program "
+              "without it", file=sys.stderr)
+        env = dict(os.environ)
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        os.execvpe(argv[0], argv, env)
+    except OSError as error:
+        print(f"jaxlake run: cannot run {argv[0]!r}: {error}",
+              file=sys.stderr)
+        return 127
+    return 0  # not reached
+
+
+def setting_warnings(environ: Dict[str, str]) -> List[str]:
+    """Settings that take allocations away from the lake."""
+    out: List[str] = []
+    kept, _ = xla.split_xla_flags(environ.get("XLA_FLAGS", ""))
+    for token in kept.split():
+        name, _, value = token.lstrip("-").partition("=")
+        if (name == "xla_gpu_command_buffer_update_mode"
+                and value.strip("'\"") != "ALWAYS_UPDATE"):
+            out.append(
+                f"XLA_FLAGS sets {name}={value}: XLA then switches every "
+                "allocator kind to its own VMM allocator, bypassing the lake "
+                "(use ALWAYS_UPDATE, the default)")
+        if name == "xla_gpu_experimental_vmm_disabled":
+            out.append(f"XLA_FLAGS sets {name}={value}: this changes XLA's "
+                       "allocation path; the lake serves cuda_async only")
+    allocator = environ.get(xla.ALLOCATOR_ENV)
+    if allocator not in (None, "", "cuda_async"):
+        out.append(f"{xla.ALLOCATOR_ENV}={allocator}: jaxlake serves only "
+                   "cuda_async (configure() and `jaxlake run` set it)")
+    prealloc = environ.get(xla.PREALLOCATE_ENV)
+    if prealloc is not None and not prealloc.strip().lower() in (
+            "0", "false", "no", "off"):
+        out.append(f"{xla.PREALLOCATE_ENV}={prealloc}: preallocation hands "
+                   "the whole device to the lake in one block at start "
+                   "(configure() and `jaxlake run` set it to false)")
+    return out
+
+
+def doctor(out: TextIO, start_jax: bool = True) -> int:
+    """Prints what a user needs to know to get the lake working."""
+    def line(key: str, value: object) -> None:
+        out.write(f"{key + ':':<22} {value}\n")
+
+    import jaxlake  # the installed package's version
+    line("jaxlake", f"{jaxlake.__version__} ({os.path.dirname(jaxlake.__file__)})")
+    line("python", f"{platform.python_version()} ({sys.executable})")
+    line("machine", f"{platform.system()} {platform.machine()}")
+    for dist in JAX_DISTRIBUTIONS:
+        try:
+            line(dist, metadata.version(dist))
+        except metadata.PackageNotFoundError:
+            if dist in ("jax", "jaxlib"):
+                line(dist, "not installed")
+    shim = xla.shim_path()
+    line("shim", shim if os.path.isfile(shim) else f"missing ({shim})")
+    driver, why = xla.find_real_driver()
+    line("CUDA driver", driver or f"not found: {why}")
+    for text in setting_warnings(dict(os.environ)):
+        out.write(f"warning: {text}\n")
+    if xla.jax_backends_initialised():
+        line("lake", "not checked: JAX is already running in this process")
+        return 0
+    try:
+        status = xla.configure()
+    except ConfigurationError as error:
+        line("lake", f"cannot be configured here: {error}")
+        return 0
+    if status.driver_version:
+        major, minor = divmod(status.driver_version // 10, 100)
+        line("driver version", f"{status.driver_version} (CUDA {major}.{minor})")
+    for dev in status.devices:
+        line(f"device {dev.ordinal}",
+             f"{dev.total_memory / (1 << 30):.1f} GiB, virtual memory "
+             f"management {'supported' if dev.vmm else 'NOT supported'}")
+    line("lake", "active" if status.active else f"inactive: {status.reason}")
+    if not status.active or not start_jax:
+        line("hooks live", "no" if not status.active else "not checked")
+        return 0
+    try:
+        import jax
+        import jax.numpy as jnp
+    except ImportError:
+        line("hooks live", "not checked (jax is not installed)")
+        return 0
+    try:
+        gpus = jax.devices("gpu")
+        jnp.ones((1024, 1024), device=gpus[0]).block_until_ready()
+    except Exception as error:  # pylint: disable=broad-except
+        line("hooks live", f"no: JAX found no usable GPU ({error})")
+        return 0
+    served = sum(c.get("served", 0) for name, c in xla.hook_counts().items()
+                 if name.startswith("cuMemAllocFromPoolAsync"))
+    line("hooks live", f"yes ({served} allocations served by the lake)"
+         if served else "no: XLA's allocations did not reach the lake "
+         "(check the warnings above)")
+    return 0
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    return doctor(sys.stdout, start_jax=not args.no_jax)

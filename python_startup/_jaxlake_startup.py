@@ -1,0 +1,18 @@
+"""jaxlake's start-up hook, imported by jaxlake.pth at interpreter start.
+
+Inert unless JAXLAKE is set to a true value (1/true/on/yes) or XLA_FLAGS has
+a --jaxlake entry; see jaxlake/_src/startup.py. It never stops the
+interpreter from starting, unless JAXLAKE_REQUIRED=1 asks for that.
+"""
+import os as _os
+
+if (_os.environ.get("JAXLAKE", "").strip().lower() in ("1", "true", "on", "yes")
+        or "--jaxlake" in _os.environ.get("XLA_FLAGS", "")):
+    try:
+        from jaxlake._src.startup import run as _run
+        _run()
+    except SystemExit:
+        raise
+    except Exception as _error:  # pylint: disable=broad-except
+        import sys as _sys
+        _sys.stderr.write(f"jaxlake: start-up hook failed: {_error!r}\n")

@@ -1,0 +1,695 @@
+// Tests of the trace parser, the replay engine and each policy model, on
+// small hand-made traces whose answers are worked out in the comments.
+#include <cstring>
+#include <memory>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "cc/replay/engine.h"
+#include "cc/replay/policy.h"
+#include "cc/replay/trace.h"
+#include "tests/cc/check.h"
+
+namespace {
+
+using jaxlake::replay::kMiB;
+using jaxlake::replay::MakePolicy;
+using jaxlake::replay::ParseTrace;
+using jaxlake::replay::Policy;
+using jaxlake::replay::PolicyOptions;
+using jaxlake::replay::Replay;
+using jaxlake::replay::ReplayOptions;
+using jaxlake::replay::ReplayResult;
+using jaxlake::replay::Trace;
+using jaxlake::vmm::Call;
+
+const std::string kHeader =
+    "{\"format\": \"jaxlake-trace\", \"version\": 1, \"name\": \"t\", "
+    "\"devices\": 1, \"source\": \"test\", \"meta\": {\"a\": [1, {\"b\": "
+    "null}]}}\n";
+
+Trace Jsonl(const std::string& body, bool lenient = false,
+            const std::string& header = kHeader) {
+  const std::string text = header + body;
+  return ParseTrace(text.data(), text.size(), false, lenient);
+}
+
+Trace Csv(const std::string& text, bool lenient = false) {
+  return ParseTrace(text.data(), text.size(), true, lenient);
+}
+
+std::unique_ptr<Policy> Make(const std::string& name,
+                             const PolicyOptions& o = {}) {
+  std::string error;
+  auto p = MakePolicy(name, o, &error);
+  CHECK_EQ(error, std::string());
+  return p;
+}
+
+PolicyOptions Cap(std::size_t capacity) {
+  PolicyOptions o;
+  o.capacity = capacity;
+  return o;
+}
+
+std::uintptr_t Alloc(Policy& p, std::size_t n, std::uint64_t stream = 0) {
+  std::uintptr_t a = 0;
+  CHECK(p.allocate(n, stream, &a));
+  return a;
+}
+
+std::uint64_t Calls(const Policy& p, Call c) {
+  return p.calls()[static_cast<int>(c)];
+}
+
+std::uint64_t Counter(const Policy& p, const std::string& name) {
+  for (const auto& [n, v] : p.counters())
+    if (n == name) return v;
+  CHECK(false);
+  return 0;
+}
+
+// ---- the parser --------------------------------------------------------------
+
+TEST(parse_valid_jsonl_assigns_slots_and_sizes) {
+  const Trace t = Jsonl(
+      "{\"t\": 0, \"op\": \"alloc\", \"id\": 7, \"dev\": 0, \"size\": 100, "
+      "\"stream\": 0, \"kind\": \"temp\"}\n"
+      "{\"t\": 1, \"op\": \"alloc\", \"id\": 8, \"size\": 50}\n"
+      "\n"
+      "{\"t\": 2, \"op\": \"free\", \"id\": 7, \"future_field\": [1, 2]}\n"
+      "{\"t\": 2, \"op\": \"alloc\", \"id\": 7, \"size\": 30, \"kind\": null}\n"
+      "{\"op\": \"free\", \"id\": 8, \"stream\": 3}");  // no final newline
+  REQUIRE(t.ok());
+  REQUIRE_EQ(t.events.size(), 5u);
+  CHECK_EQ(t.devices, 1u);
+  CHECK_EQ(t.slots, 2u);  // at most two live at once
+  CHECK_EQ(t.events[0].slot, 0u);
+  CHECK_EQ(t.events[1].slot, 1u);
+  CHECK_EQ(t.events[2].slot, 0u);   // the free of id 7
+  CHECK_EQ(t.events[2].size, 100u);  // a free carries its allocation's size
+  CHECK_EQ(t.events[3].slot, 0u);   // slot 0 is taken again
+  CHECK_EQ(t.events[2].line, 5u);   // the blank line counts
+  CHECK_EQ(std::string(jaxlake::replay::KindName(t.events[0].kind)), "temp");
+  CHECK_EQ(t.events[3].kind, 0);
+  CHECK_EQ(t.events[5 - 1].t, 2u);  // missing t: the previous one
+  CHECK_EQ(t.events[4].stream, 3u);
+}
+
+struct BadCase {
+  std::string body;
+  std::uint32_t line;
+  const char* reason_part;
+};
+
+TEST(parse_reports_each_problem_with_its_line) {
+  const std::string a = "{\"t\":0,\"op\":\"alloc\",\"id\":1,\"size\":64}\n";
+  const BadCase cases[] = {
+      {"{\"t\":0,\"op\":\"alloc\",\"id\":1,\"size\":-5}\n", 2, "negative \"size\""},
+      {"{\"t\":0,\"op\":\"alloc\",\"id\":1,\"size\":0}\n", 2, "must be positive"},
+      {"{\"t\":0,\"op\":\"alloc\",\"id\":1,\"size\":1.5}\n", 2, "must be an integer"},
+      {"{\"t\":0,\"op\":\"alloc\",\"id\":1}\n", 2, "alloc without \"size\""},
+      {"{\"t\":0,\"op\":\"free\",\"id\":9}\n", 2, "free of id 9 on device 0"},
+      {"{\"t\":0,\"op\":\"alloc\",\"id\":1,\"size\":5,\"dev\":1}\n", 2,
+       "is not below devices=1"},
+      {"{\"t\":0,\"op\":\"grow\",\"id\":1,\"size\":5}\n", 2, "unknown \"op\""},
+      {"{\"t\":0,\"op\":\"alloc\",\"id\":1,\"size\":5,\"kind\":\"x\"}\n", 2,
+       "unknown \"kind\""},
+      {"{\"t\":0,\"op\":\"alloc\" \"id\":1}\n", 2, "malformed JSON at column"},
+      {"not json\n", 2, "malformed JSON at column 1"},
+      {"{\"t\":0,\"op\":\"alloc\",\"id\":1,\"size\":5}}\n", 2,
+       "characters after the object"},
+      {"{\"op\":\"alloc\",\"size\":5}\n", 2, "without \"id\""},
+      {"{\"t\":5,\"op\":\"alloc\",\"id\":1,\"size\":5}\n"
+       "{\"t\":4,\"op\":\"free\",\"id\":1}\n",
+       3, "goes back in time"},
+      {a + a, 3, "second allocation of id 1"},
+      {"{\"t\":0,\"op\":\"alloc\",\"id\":1,\"size\":64}\n{\"t\":1,\"op\":\"fr",
+       3, "truncated line"},
+  };
+  for (const BadCase& c : cases) {
+    const Trace t = Jsonl(c.body);
+    CHECK(!t.ok());
+    CHECK_EQ(t.error.line, c.line);
+    if (t.error.reason.find(c.reason_part) == std::string::npos)
+      CHECK_EQ(t.error.reason, std::string(c.reason_part));
+  }
+}
+
+TEST(parse_second_allocation_names_the_first_line) {
+  const Trace t = Jsonl(
+      "{\"t\":0,\"op\":\"alloc\",\"id\":1,\"size\":64}\n"
+      "{\"t\":0,\"op\":\"alloc\",\"id\":1,\"size\":64}\n");
+  CHECK_EQ(t.error.line, 3u);
+  CHECK(t.error.reason.find("live since line 2") != std::string::npos);
+}
+
+TEST(parse_header_problems_are_fatal_even_when_lenient) {
+  const Trace none = Jsonl("", true, "");
+  CHECK_EQ(none.error.reason, std::string("empty trace: no header line"));
+  const Trace event =
+      Jsonl("", true, "{\"t\":0,\"op\":\"alloc\",\"id\":1,\"size\":5}\n");
+  CHECK_EQ(event.error.line, 1u);
+  CHECK(event.error.reason.find("missing header") != std::string::npos);
+  CHECK(event.error.reason.find("(it is an event)") != std::string::npos);
+  const Trace version = Jsonl(
+      "", true, "{\"format\":\"jaxlake-trace\",\"version\":2}\n");
+  CHECK(version.error.reason.find("version 2 is not supported") !=
+        std::string::npos);
+  const Trace other =
+      Jsonl("", true, "{\"format\":\"other\",\"version\":1}\n");
+  CHECK(other.error.reason.find("not a jaxlake trace") != std::string::npos);
+}
+
+TEST(lenient_parse_skips_and_reports) {
+  const Trace t = Jsonl(
+      "{\"t\":0,\"op\":\"alloc\",\"id\":1,\"size\":64}\n"   // 2 ok
+      "{\"t\":1,\"op\":\"alloc\",\"id\":2,\"size\":-1}\n"   // 3 negative
+      "{\"t\":2,\"op\":\"free\",\"id\":2}\n"                // 4 unknown id
+      "garbage\n"                                           // 5 malformed
+      "{\"t\":3,\"op\":\"free\",\"id\":1}\n"                // 6 ok
+      "{\"t\":4,\"op\":\"alloc\",\"id\":3,\"si",           // 7 truncated
+      true);
+  REQUIRE(t.ok());
+  CHECK_EQ(t.events.size(), 2u);
+  REQUIRE_EQ(t.skipped.size(), 4u);
+  CHECK_EQ(t.skipped_count, 4u);
+  CHECK_EQ(t.skipped[0].line, 3u);
+  CHECK_EQ(t.skipped[1].line, 4u);
+  CHECK_EQ(t.skipped[2].line, 5u);
+  CHECK_EQ(t.skipped[3].line, 7u);
+  CHECK(t.skipped[3].reason.find("truncated line") != std::string::npos);
+}
+
+TEST(parse_damaged_compressed_stream) {
+  // A NUL at the end marks a cut gzip stream (tracefile.py).
+  std::string text = kHeader + "{\"t\":0,\"op\":\"alloc\",\"id\":1,\"size\":64}\n";
+  text.push_back('\0');
+  const Trace strict = ParseTrace(text.data(), text.size(), false, false);
+  CHECK(!strict.ok());
+  CHECK_EQ(strict.error.line, 2u);
+  CHECK(strict.error.reason.find("truncated file") != std::string::npos);
+  const Trace lenient = ParseTrace(text.data(), text.size(), false, true);
+  CHECK(lenient.ok());
+  CHECK_EQ(lenient.events.size(), 1u);
+  CHECK_EQ(lenient.skipped_count, 1u);
+}
+
+TEST(parse_rmm_csv) {
+  const Trace t = Csv(
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "140230,1634567890.000012,allocate,0x7f3a00000000,4194304,0x0\n"
+      "140230,1634567890.000010,allocate,0x7f3a00400000,100,0x7f00\n"
+      "140230,1634567890.5,allocate failure,0x0,999999999999,0x0\n"
+      "140230,1634567891,deallocate,0x7f3a00000000,4194304,0x0\n"
+      "140230,1634567892.25,free,0x7f3a00400000,100,0x7f00\n"
+      "140230,14:32:05.5,allocate,0x7f3a00000000,8,0x0\n");
+  REQUIRE(t.ok());
+  REQUIRE_EQ(t.events.size(), 5u);
+  CHECK_EQ(t.ignored, 1u);
+  CHECK_EQ(t.events[0].id, 0x7f3a00000000ull);
+  CHECK_EQ(t.events[0].size, 4194304u);
+  CHECK_EQ(t.events[0].t, 1634567890000012000ull);
+  CHECK_EQ(t.events[1].t, 1634567890000012000ull);  // clamped: no going back
+  CHECK_EQ(t.events[1].stream, 0x7f00u);
+  CHECK(!t.events[2].alloc);
+  CHECK_EQ(t.events[3].t, 1634567892250000000ull);
+  // HH:MM:SS.f times are seconds of the day; a pointer freed is new again.
+  CHECK(t.events[4].alloc);
+  CHECK_EQ(t.events[4].t, 1634567892250000000ull);
+
+  const Trace bad = Csv(
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "1,0.1,allocate,0x10,-4,0x0\n");
+  CHECK_EQ(bad.error.line, 2u);
+  CHECK(bad.error.reason.find("negative Size") != std::string::npos);
+  const Trace unknown = Csv(
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "1,0.1,free,0x10,4,0x0\n");
+  CHECK(unknown.error.reason.find("free of id 16") != std::string::npos);
+  const Trace action = Csv(
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "1,0.1,alloc,0x10,4,0x0\n");
+  CHECK(action.error.reason.find("unknown Action") != std::string::npos);
+  const Trace fields = Csv(
+      "Thread,Time,Action,Pointer,Size,Stream\n"
+      "1,0.1,allocate,0x10\n");
+  CHECK(fields.error.reason.find("expected 6 comma-separated fields") !=
+        std::string::npos);
+  const Trace header = Csv("a,b,c\n");
+  CHECK(header.error.reason.find("not an RMM memory-event CSV") !=
+        std::string::npos);
+}
+
+TEST(writers_round_trip) {
+  const Trace t = Jsonl(
+      "{\"t\":5,\"op\":\"alloc\",\"id\":17,\"dev\":0,\"size\":4194304,"
+      "\"stream\":2,\"kind\":\"grad\"}\n"
+      "{\"t\":1000000001,\"op\":\"free\",\"id\":17,\"dev\":0,\"stream\":2}\n");
+  REQUIRE(t.ok());
+  const std::string header = kHeader.substr(0, kHeader.size() - 1);
+  const std::string jsonl = jaxlake::replay::WriteJsonl(t, header);
+  CHECK_EQ(jsonl, header +
+                      "\n{\"t\":5,\"op\":\"alloc\",\"id\":17,\"dev\":0,"
+                      "\"size\":4194304,\"stream\":2,\"kind\":\"grad\"}\n"
+                      "{\"t\":1000000001,\"op\":\"free\",\"id\":17,\"dev\":0,"
+                      "\"stream\":2}\n");
+  std::string csv, error;
+  REQUIRE(jaxlake::replay::WriteCsv(t, &csv, &error));
+  CHECK_EQ(csv,
+           std::string("Thread,Time,Action,Pointer,Size,Stream\n"
+                       "0,0.000000005,allocate,0x11,4194304,0x2\n"
+                       "0,1.000000001,free,0x11,4194304,0x2\n"));
+  const Trace back = Csv(csv);
+  REQUIRE(back.ok());
+  REQUIRE_EQ(back.events.size(), 2u);
+  CHECK_EQ(back.events[0].t, 5u);
+  CHECK_EQ(back.events[1].t, 1000000001u);
+  CHECK_EQ(back.events[0].id, 17u);
+  CHECK_EQ(back.events[0].stream, 2u);
+}
+
+// ---- BFC -------------------------------------------------------------------
+
+TEST(bfc_regions_start_at_2mib_and_double) {
+  auto p = Make("bfc");
+  // 1000 B -> 1024 B; first region 2 MiB; the next region size doubles
+  // after a region made without raising it.
+  const std::uintptr_t a = Alloc(*p, 1000);
+  CHECK_EQ(p->reserved(), 2 * kMiB);
+  CHECK_EQ(Calls(*p, Call::create), 1u);
+  CHECK_EQ(Calls(*p, Call::map), 1u);
+  // The 2 MiB chunk was split (2 MiB >= 2 x 1 KiB): the rest serves this.
+  CHECK_EQ(Alloc(*p, 256), a + 1024);
+  // 3 MiB fits no free chunk: a 4 MiB region (4 >= 3, not raised).
+  const std::uintptr_t b = Alloc(*p, 3 * kMiB);
+  CHECK_EQ(p->reserved(), 6 * kMiB);
+  // 5 MiB: an 8 MiB region.
+  Alloc(*p, 5 * kMiB);
+  CHECK_EQ(p->reserved(), 14 * kMiB);
+  // 40 MiB: 16 -> 32 -> 64 MiB, raised, so the next stays 64 MiB.
+  Alloc(*p, 40 * kMiB);
+  CHECK_EQ(p->reserved(), 78 * kMiB);
+  CHECK_EQ(Counter(*p, "regions"), 4u);
+  p->free(b, 0);
+  // Best fit: the freed 4 MiB chunk (smallest free chunk that fits).
+  CHECK_EQ(Alloc(*p, 4 * kMiB), b);
+  CHECK_EQ(p->reserved(), 78 * kMiB);  // BFC never gives memory back
+  CHECK_EQ(p->check(), std::string());
+}
+
+TEST(bfc_split_rule_twice_or_128mib) {
+  auto p = Make("bfc");
+  // 5 MiB: region 2 -> 4 -> 8 MiB (raised). 8 < 2 x 5 and 3 < 128: no split.
+  const std::uintptr_t a = Alloc(*p, 5 * kMiB);
+  CHECK_EQ(p->reserved(), 8 * kMiB);
+  // So 1 MiB cannot use the 3 MiB behind it: a new 8 MiB region.
+  const std::uintptr_t b = Alloc(*p, 1 * kMiB);
+  CHECK(b != a + 5 * kMiB);
+  CHECK_EQ(p->reserved(), 16 * kMiB);
+  // 300 MiB: region 16 -> 512 MiB; 512 < 600 but 212 >= 128: split.
+  const std::uintptr_t c = Alloc(*p, 300 * kMiB);
+  CHECK_EQ(p->reserved(), 528 * kMiB);
+  CHECK_EQ(Alloc(*p, 200 * kMiB), c + 300 * kMiB);
+  CHECK_EQ(p->reserved(), 528 * kMiB);
+  CHECK_EQ(p->check(), std::string());
+}
+
+TEST(bfc_coalesces_on_free) {
+  auto p = Make("bfc");
+  const std::uintptr_t a = Alloc(*p, 512 * 1024);
+  const std::uintptr_t b = Alloc(*p, 512 * 1024);
+  const std::uintptr_t c = Alloc(*p, 512 * 1024);
+  CHECK_EQ(b, a + 512 * 1024);
+  CHECK_EQ(c, b + 512 * 1024);
+  p->free(a, 0);
+  p->free(c, 0);
+  p->free(b, 0);  // merges with both neighbours: one free 2 MiB chunk
+  CHECK_EQ(Alloc(*p, 2 * kMiB), a);
+  CHECK_EQ(p->reserved(), 2 * kMiB);
+  CHECK_EQ(p->check(), std::string());
+}
+
+TEST(bfc_growth_is_cut_to_the_memory_left) {
+  auto p = Make("bfc", Cap(12 * kMiB));
+  Alloc(*p, 1 * kMiB);  // 2 MiB region (next 4)
+  Alloc(*p, 3 * kMiB);  // 4 MiB region (next 8)
+  Alloc(*p, 4 * kMiB);  // 8 MiB wanted, 6 MiB left: a 6 MiB region
+  CHECK_EQ(p->reserved(), 12 * kMiB);
+  std::uintptr_t x;
+  CHECK(!p->allocate(2 * kMiB + 1, 0, &x));  // 1 MiB free, nothing left
+  CHECK_EQ(p->check(), std::string());
+}
+
+// ---- PyTorch caching allocator -----------------------------------------------
+
+TEST(torch_small_pool_uses_2mib_segments) {
+  auto p = Make("torch");
+  const std::uintptr_t a = Alloc(*p, 100);  // 512 B in a 2 MiB segment
+  CHECK_EQ(p->reserved(), 2 * kMiB);
+  CHECK_EQ(Alloc(*p, 1 * kMiB), a + 512);  // the rest of that segment
+  CHECK_EQ(p->reserved(), 2 * kMiB);
+  CHECK_EQ(Calls(*p, Call::create), 1u);
+  CHECK_EQ(p->check(), std::string());
+}
+
+TEST(torch_large_pool_segments_and_split_rule) {
+  auto p = Make("torch");
+  // 5 MiB (< 10 MiB): a 20 MiB segment, split (15 MiB > 1 MiB left).
+  const std::uintptr_t a = Alloc(*p, 5 * kMiB);
+  CHECK_EQ(p->reserved(), 20 * kMiB);
+  // 12 MiB: best fit is the 15 MiB rest; split again (3 MiB left).
+  const std::uintptr_t b = Alloc(*p, 12 * kMiB);
+  CHECK_EQ(b, a + 5 * kMiB);
+  // 11 MiB (>= 10 MiB): a segment of the request rounded to 2 MiB: 12 MiB.
+  Alloc(*p, 11 * kMiB);
+  CHECK_EQ(p->reserved(), 32 * kMiB);
+  p->free(a, 0);
+  p->free(b, 0);  // the 20 MiB segment is whole and free again
+  // 18.5 MiB leaves 1.5 MiB (> 1 MiB): split; 1.5 MiB fits behind it.
+  const std::uintptr_t c = Alloc(*p, 18 * kMiB + 512 * 1024);
+  CHECK_EQ(c, a);
+  CHECK_EQ(Alloc(*p, 1 * kMiB + 512 * 1024), a + 18 * kMiB + 512 * 1024);
+  CHECK_EQ(p->reserved(), 32 * kMiB);
+  CHECK_EQ(p->check(), std::string());
+}
+
+TEST(torch_blocks_stay_with_their_stream) {
+  auto p = Make("torch");
+  const std::uintptr_t a = Alloc(*p, 5 * kMiB, 0);
+  p->free(a, 0);
+  Alloc(*p, 5 * kMiB, 1);  // stream 1 cannot use stream 0's free segment
+  CHECK_EQ(p->reserved(), 40 * kMiB);
+  CHECK_EQ(Alloc(*p, 5 * kMiB, 0), a);
+}
+
+TEST(torch_frees_cached_segments_only_on_oom_retry) {
+  auto p = Make("torch", Cap(40 * kMiB));
+  const std::uintptr_t a = Alloc(*p, 5 * kMiB, 0);  // 20 MiB segment
+  p->free(a, 0);
+  // 30 MiB on stream 1: 20 + 30 > 40, cudaMalloc fails; the free 20 MiB
+  // segment is cudaFree'd and the retry succeeds.
+  Alloc(*p, 30 * kMiB, 1);
+  CHECK_EQ(p->reserved(), 30 * kMiB);
+  CHECK_EQ(Calls(*p, Call::create), 3u);  // 20, 30 (failed), 30
+  CHECK_EQ(Calls(*p, Call::map), 2u);
+  CHECK_EQ(Calls(*p, Call::unmap), 1u);
+  CHECK_EQ(Calls(*p, Call::release), 1u);
+  CHECK_EQ(Counter(*p, "reclaims"), 1u);
+  std::uintptr_t x;
+  CHECK(!p->allocate(12 * kMiB, 1, &x));  // 30 + 12 > 40 even after retry
+  CHECK_EQ(Counter(*p, "reclaims"), 2u);
+  CHECK_EQ(p->check(), std::string());
+}
+
+TEST(torch_max_split_size_keeps_oversize_blocks_whole) {
+  PolicyOptions o;
+  o.torch_max_split_size = 16 * kMiB;
+  auto p = Make("torch", o);
+  const std::uintptr_t a = Alloc(*p, 40 * kMiB);  // 40 MiB segment
+  p->free(a, 0);
+  // 8 MiB < max_split_size may not take the 40 MiB (oversize) block.
+  const std::uintptr_t b = Alloc(*p, 8 * kMiB);
+  CHECK(b != a);
+  CHECK_EQ(p->reserved(), 60 * kMiB);
+  // 30 MiB (oversize) takes it, unsplit (40 < 30 + 20).
+  CHECK_EQ(Alloc(*p, 30 * kMiB), a);
+  CHECK_EQ(p->check(), std::string());
+}
+
+// ---- PyTorch expandable segments ---------------------------------------------
+
+TEST(expandable_maps_20mib_pages_at_the_lowest_free_address) {
+  auto p = Make("torch-expandable");
+  const std::uintptr_t a = Alloc(*p, 5 * kMiB);
+  CHECK_EQ(p->reserved(), 20 * kMiB);
+  CHECK_EQ(Calls(*p, Call::reserve), 1u);
+  CHECK_EQ(Calls(*p, Call::create), 1u);
+  CHECK_EQ(Calls(*p, Call::map), 1u);
+  CHECK_EQ(Calls(*p, Call::set_access), 1u);
+  // 25 MiB: the free 15 MiB behind `a` plus one more page, contiguous.
+  const std::uintptr_t b = Alloc(*p, 25 * kMiB);
+  CHECK_EQ(b, a + 5 * kMiB);
+  CHECK_EQ(p->reserved(), 40 * kMiB);
+  CHECK_EQ(Calls(*p, Call::map), 2u);
+  CHECK_EQ(Calls(*p, Call::set_access), 2u);
+  p->free(a, 0);
+  p->free(b, 0);
+  // Everything is one free mapped 40 MiB block again.
+  CHECK_EQ(Alloc(*p, 40 * kMiB), a);
+  CHECK_EQ(p->reserved(), 40 * kMiB);
+  // Small requests get their own range, in 2 MiB pages.
+  Alloc(*p, 1000);
+  CHECK_EQ(p->reserved(), 42 * kMiB);
+  CHECK_EQ(Calls(*p, Call::reserve), 2u);
+  CHECK_EQ(p->check(), std::string());
+}
+
+TEST(expandable_unmaps_free_pages_on_oom_retry) {
+  auto p = Make("torch-expandable", Cap(60 * kMiB));
+  const std::uintptr_t a = Alloc(*p, 30 * kMiB, 0);  // 2 pages
+  p->free(a, 0);
+  // Stream 1 has its own range; 40 + 40 > 60: mapping fails after one
+  // page, then stream 0's free pages are unmapped (its range is freed,
+  // nothing being left mapped in it) and the retry maps two pages.
+  Alloc(*p, 30 * kMiB, 1);
+  CHECK_EQ(p->reserved(), 40 * kMiB);
+  CHECK_EQ(Calls(*p, Call::reserve), 2u);
+  CHECK_EQ(Calls(*p, Call::create), 6u);   // 2 + (1 made, 1 failed) + 2
+  CHECK_EQ(Calls(*p, Call::release), 3u);  // the 1 made, 2 unmapped pages
+  CHECK_EQ(Calls(*p, Call::unmap), 2u);
+  CHECK_EQ(Calls(*p, Call::map), 4u);
+  CHECK_EQ(Calls(*p, Call::address_free), 1u);
+  CHECK_EQ(Counter(*p, "reclaims"), 1u);
+  CHECK_EQ(p->check(), std::string());
+}
+
+// ---- GMLake --------------------------------------------------------------------
+
+TEST(gmlake_maps_one_chunk_per_call) {
+  auto p = Make("gmlake");
+  Alloc(*p, 1000);  // the small pool: one 2 MiB cudaMalloc
+  CHECK_EQ(Calls(*p, Call::create), 1u);
+  CHECK_EQ(Calls(*p, Call::map), 1u);
+  // 3 MiB -> 4 MiB (2 chunks) in a 20 MiB segment of 10 chunks, each
+  // created, mapped and given access on its own.
+  const std::uintptr_t a = Alloc(*p, 3 * kMiB);
+  CHECK_EQ(p->reserved(), 22 * kMiB);
+  CHECK_EQ(Calls(*p, Call::create), 11u);
+  CHECK_EQ(Calls(*p, Call::map), 11u);
+  CHECK_EQ(Calls(*p, Call::set_access), 10u);
+  CHECK_EQ(Calls(*p, Call::reserve), 1u);
+  // 6 MiB: split from the 8 chunks left.
+  CHECK_EQ(Alloc(*p, 6 * kMiB), a + 4 * kMiB);
+  CHECK_EQ(p->reserved(), 22 * kMiB);
+  CHECK_EQ(p->check(), std::string());
+}
+
+TEST(gmlake_stitches_only_at_or_above_frag_limit) {
+  auto p = Make("gmlake");  // frag_limit 512 MiB
+  const std::uintptr_t a = Alloc(*p, 100 * kMiB);
+  Alloc(*p, 100 * kMiB);
+  const std::uintptr_t c = Alloc(*p, 100 * kMiB);
+  p->free(a, 0);
+  p->free(c, 0);
+  Alloc(*p, 200 * kMiB);  // below 512 MiB: grows instead of stitching
+  CHECK_EQ(p->reserved(), 500 * kMiB);
+  CHECK_EQ(Counter(*p, "stitches"), 0u);
+}
+
+TEST(gmlake_stitch_reuse_and_busy_chunks) {
+  PolicyOptions o;
+  o.gmlake_frag_limit = 4 * kMiB;
+  auto p = Make("gmlake", o);
+  // Three segments of 5 chunks (10 MiB >= 10 MiB: no 20 MiB rounding).
+  const std::uintptr_t a = Alloc(*p, 10 * kMiB);
+  Alloc(*p, 10 * kMiB);
+  const std::uintptr_t c = Alloc(*p, 10 * kMiB);
+  p->free(a, 0);
+  p->free(c, 0);
+  const auto maps = Calls(*p, Call::map);
+  // 20 MiB: no single free run; two runs of 5 chunks are stitched.
+  const std::uintptr_t s = Alloc(*p, 20 * kMiB);
+  CHECK_EQ(Counter(*p, "stitches"), 1u);
+  CHECK_EQ(Calls(*p, Call::map), maps + 10);  // one map per chunk
+  CHECK_EQ(p->reserved(), 30 * kMiB);
+  p->free(s, 0);
+  // Again: the cached stitched block is reused, no new mapping.
+  CHECK_EQ(Alloc(*p, 20 * kMiB), s);
+  CHECK_EQ(Counter(*p, "stitch_reuses"), 1u);
+  CHECK_EQ(Calls(*p, Call::map), maps + 10);
+  p->free(s, 0);
+  // A 10 MiB request takes segment A's run (best fit, lowest segment),
+  // which the stitched block maps: it is no longer reusable, a single run
+  // cannot be stitched, so 20 MiB grows a new segment.
+  CHECK_EQ(Alloc(*p, 10 * kMiB), a);
+  Alloc(*p, 20 * kMiB);
+  CHECK_EQ(p->reserved(), 50 * kMiB);
+  CHECK_EQ(Counter(*p, "stitch_reuses"), 1u);
+  CHECK_EQ(p->check(), std::string());
+}
+
+TEST(gmlake_reclaims_under_pressure) {
+  PolicyOptions o;
+  o.gmlake_frag_limit = 4 * kMiB;
+  o.capacity = 30 * kMiB;
+  auto p = Make("gmlake", o);
+  const std::uintptr_t a = Alloc(*p, 10 * kMiB);
+  Alloc(*p, 10 * kMiB);
+  const std::uintptr_t c = Alloc(*p, 10 * kMiB);
+  p->free(a, 0);
+  p->free(c, 0);
+  p->free(Alloc(*p, 20 * kMiB), 0);  // a cached stitched block
+  // Stream 1 has nothing: growing fails, so the cached stitched block is
+  // unmapped, segments A and C are released, and growing succeeds.
+  Alloc(*p, 20 * kMiB, 1);
+  CHECK_EQ(p->reserved(), 30 * kMiB);
+  CHECK_EQ(Counter(*p, "reclaims"), 1u);
+  CHECK_EQ(Counter(*p, "stitch_evictions"), 1u);
+  CHECK_EQ(Calls(*p, Call::address_free), 3u);  // stitched, A, C
+  CHECK_EQ(Calls(*p, Call::release), 10u);  // the chunks of A and C
+  CHECK_EQ(p->check(), std::string());
+}
+
+// ---- jaxlake (the real lake) -------------------------------------------------
+
+TEST(jaxlake_policy_stitches_scattered_free_memory) {
+  auto p = Make("jaxlake");
+  std::vector<std::uintptr_t> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(Alloc(*p, 8 * kMiB));
+  const std::size_t reserved = p->reserved();
+  CHECK_EQ(reserved, 64 * kMiB);
+  for (int i = 0; i < 8; i += 2) p->free(blocks[i], 0);
+  Alloc(*p, 24 * kMiB);
+  CHECK_EQ(p->reserved(), reserved);  // stitched, no new memory
+  CHECK_EQ(Counter(*p, "stitches"), 1u);
+  CHECK_EQ(p->check(), std::string());
+}
+
+// ---- the engine --------------------------------------------------------------
+
+TEST(engine_measures_utilisation_waste_and_calls) {
+  // Live bytes: 3 MiB, 3 MiB + 1000, then 1000, 1000 + 5 MiB.
+  // BFC: 3 MiB -> a 4 MiB region (2 MiB raised to 4), not split (4 < 6);
+  // 1000 B -> a second 4 MiB region; after the free, 5 MiB fits no free
+  // chunk -> an 8 MiB region. Peak reserved 16 MiB, peak live 5 MiB + 1000.
+  const Trace t = Jsonl(
+      "{\"t\":0,\"op\":\"alloc\",\"id\":1,\"size\":3145728}\n"
+      "{\"t\":1,\"op\":\"alloc\",\"id\":2,\"size\":1000}\n"
+      "{\"t\":2,\"op\":\"free\",\"id\":1}\n"
+      "{\"t\":3,\"op\":\"alloc\",\"id\":3,\"size\":5242880}\n");
+  REQUIRE(t.ok());
+  auto p = Make("bfc");
+  ReplayOptions ro;
+  ro.check_every = 1;
+  const ReplayResult r = Replay(t, *p, ro);
+  CHECK_EQ(r.check_error, std::string());
+  CHECK_EQ(r.events, 4u);
+  CHECK_EQ(r.allocs, 3u);
+  CHECK_EQ(r.frees, 1u);
+  CHECK_EQ(r.peak_live, 5242880u + 1000u);
+  CHECK_EQ(r.peak_reserved, 16 * kMiB);
+  CHECK_EQ(r.waste, static_cast<std::int64_t>(16 * kMiB - 5242880 - 1000));
+  CHECK(r.utilisation > 0.31255 && r.utilisation < 0.31257);
+  CHECK_EQ(r.calls[static_cast<int>(Call::create)], 3u);
+  CHECK(!r.oom);
+  CHECK_EQ(r.alloc_times.count, 3u);
+  CHECK_EQ(r.free_times.count, 1u);
+  CHECK_EQ(r.timeline_event.size(), 4u);  // fewer events than points
+  CHECK_EQ(r.timeline_reserved.back(), 16 * kMiB);
+  CHECK_EQ(r.timeline_live[2], 1000u);
+}
+
+TEST(engine_reports_the_event_that_runs_out_of_memory) {
+  const Trace t = Jsonl(
+      "{\"t\":0,\"op\":\"alloc\",\"id\":1,\"size\":5242880}\n"
+      "{\"t\":1,\"op\":\"free\",\"id\":1}\n"
+      "{\"t\":2,\"op\":\"alloc\",\"id\":2,\"size\":5242880,\"stream\":1}\n"
+      "{\"t\":3,\"op\":\"alloc\",\"id\":3,\"size\":5242880,\"stream\":1}\n");
+  REQUIRE(t.ok());
+  // BFC with 10 MiB: an 8 MiB region serves 1 and then 2 (BFC ignores
+  // streams); 3 needs 8 MiB more: out of memory at event 3, line 5.
+  auto bfc = Make("bfc", Cap(10 * kMiB));
+  const ReplayResult r = Replay(t, *bfc, {});
+  CHECK(r.oom);
+  CHECK_EQ(r.oom_event, 3u);
+  CHECK_EQ(r.oom_line, 5u);
+  CHECK_EQ(r.oom_size, 5242880u);
+  CHECK_EQ(r.oom_stream, 1u);
+  CHECK_EQ(r.oom_live, 5242880u);
+  CHECK_EQ(r.oom_reserved, 8 * kMiB);
+  CHECK_EQ(r.events, 3u);  // replayed before it
+  // torch with 40 MiB serves all of it (20 MiB segments on two streams).
+  auto torch = Make("torch", Cap(40 * kMiB));
+  CHECK(!Replay(t, *torch, {}).oom);
+}
+
+TEST(engine_replays_one_device) {
+  const std::string header =
+      "{\"format\":\"jaxlake-trace\",\"version\":1,\"devices\":2}\n";
+  const Trace t = Jsonl(
+      "{\"t\":0,\"op\":\"alloc\",\"id\":1,\"dev\":0,\"size\":1000}\n"
+      "{\"t\":0,\"op\":\"alloc\",\"id\":1,\"dev\":1,\"size\":3000}\n"
+      "{\"t\":1,\"op\":\"free\",\"id\":1,\"dev\":1}\n",
+      false, header);
+  REQUIRE(t.ok());
+  auto p = Make("torch");
+  ReplayOptions ro;
+  ro.device = 1;
+  const ReplayResult r = Replay(t, *p, ro);
+  CHECK_EQ(r.events, 2u);
+  CHECK_EQ(r.peak_live, 3000u);
+}
+
+// Every policy on a random trace of mixed sizes and streams, its
+// invariants checked as it goes, with and without a tight capacity.
+TEST(every_policy_keeps_its_invariants_on_a_random_trace) {
+  std::mt19937_64 rng(7);
+  std::string body;
+  std::vector<std::uint64_t> live;
+  std::uint64_t next_id = 1;
+  for (int i = 0; i < 6000; ++i) {
+    const bool alloc = live.empty() || (live.size() < 300 && rng() % 100 < 55);
+    if (alloc) {
+      std::uint64_t size;
+      switch (rng() % 4) {
+        case 0: size = 1 + rng() % 4096; break;
+        case 1: size = 4096 + rng() % (1u << 20); break;
+        case 2: size = (1u << 20) + rng() % (16u << 20); break;
+        default: size = (16u << 20) + rng() % (200u << 20); break;
+      }
+      const std::uint64_t id = next_id++;
+      live.push_back(id);
+      body += "{\"t\":" + std::to_string(i) + ",\"op\":\"alloc\",\"id\":" +
+              std::to_string(id) + ",\"size\":" + std::to_string(size) +
+              ",\"stream\":" + std::to_string(rng() % 5 == 0 ? 1 : 0) + "}\n";
+    } else {
+      const std::size_t k = rng() % live.size();
+      body += "{\"t\":" + std::to_string(i) + ",\"op\":\"free\",\"id\":" +
+              std::to_string(live[k]) + "}\n";
+      live[k] = live.back();
+      live.pop_back();
+    }
+  }
+  const Trace t = Jsonl(body);
+  REQUIRE(t.ok());
+  for (const std::string& name : jaxlake::replay::PolicyNames()) {
+    for (std::size_t cap : {std::size_t{80} << 30, std::size_t{6} << 30}) {
+      PolicyOptions o = Cap(cap);
+      o.gmlake_frag_limit = 32 * kMiB;  // make GMLake stitch here
+      auto p = Make(name, o);
+      ReplayOptions ro;
+      ro.check_every = 97;
+      const ReplayResult r = Replay(t, *p, ro);
+      if (!r.check_error.empty()) CHECK_EQ(name + ": " + r.check_error, name);
+      CHECK(r.peak_reserved >= r.peak_live);
+      if (!r.oom) CHECK_EQ(r.events, t.events.size());
+      if (cap > (std::size_t{10} << 30)) CHECK(!r.oom);
+    }
+  }
+}
+
+}  // namespace
+
+int main(int argc, char** argv) { return jaxlake::check::RunAll(argc, argv); }

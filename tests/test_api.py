@@ -1,0 +1,146 @@
+"""The public API and the agreement between Python and the C++ lists."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import pathlib
+from typing import Dict, List
+
+import jaxlake
+from jaxlake import _core
+from jaxlake._src import errors, options
+
+
+def test_public_names_are_pinned() -> None:
+    assert jaxlake.__all__ == [
+        "ConfigurationError",
+        "ConfigurationWarning",
+        "DriverError",
+        "InvariantError",
+        "JaxlakeError",
+        "Lake",
+        "Option",
+        "OutOfMemoryError",
+        "Stats",
+        "TraceEvent",
+        "__version__",
+        "option_table",
+        "parse_size",
+        "resolve_options",
+    ]
+    for name in jaxlake.__all__:
+        assert hasattr(jaxlake, name), name
+    assert jaxlake.__version__ == "0.1.0"
+
+
+def test_package_ships_type_information() -> None:
+    package = pathlib.Path(jaxlake.__file__).parent
+    assert (package / "py.typed").is_file()
+    assert (package / "_core.pyi").is_file()
+
+
+def test_exception_hierarchy() -> None:
+    assert issubclass(jaxlake.OutOfMemoryError, MemoryError)
+    assert issubclass(jaxlake.ConfigurationError, ValueError)
+    for error in (jaxlake.OutOfMemoryError, jaxlake.ConfigurationError,
+                  jaxlake.DriverError, jaxlake.InvariantError):
+        assert issubclass(error, jaxlake.JaxlakeError)
+
+
+def test_stats_fields_follow_the_cpp_declaration() -> None:
+    expected: List[str] = []
+    for name, _ in _core.gauge_names():
+        expected += [name, name + "_peak"]
+    expected += [name for name, _ in _core.counter_names()]
+    expected.append("driver_calls")
+    assert [f.name for f in dataclasses.fields(jaxlake.Stats)] == expected
+
+
+def test_every_status_has_one_exception() -> None:
+    kinds = {name: type(errors.status_error(name, "message"))
+             for name in _core.status_names() if name != "ok"}
+    assert kinds.pop("out_of_memory") is jaxlake.OutOfMemoryError
+    assert kinds.pop("invalid_value") is ValueError
+    assert set(kinds.values()) == {jaxlake.DriverError}
+    assert "ok" in _core.status_names()
+
+
+def test_option_table_matches_the_cpp_options() -> None:
+    cpp = _core.LakeOptions()
+    cpp_fields = {n for n in dir(cpp) if not n.startswith("_")}
+    lake_rows = {o.name for o in options.OPTIONS if o.lake}
+    assert lake_rows == cpp_fields
+    for option in options.OPTIONS:
+        if option.lake and option.name != "capacity":
+            assert option.default == getattr(cpp, option.name), option.name
+    names = [o.name for o in jaxlake.option_table()]
+    assert len(names) == len(set(names))
+    assert all(o.env == "JAXLAKE_" + o.name.upper()
+               for o in jaxlake.option_table())
+
+
+def test_name_lists_come_from_the_cpp_headers() -> None:
+    assert _core.alloc_state_names() == [
+        "small", "fit", "split", "stitch_reuse", "stitch", "stitch_grow",
+        "grow"]
+    assert "map" in _core.call_names() and "create" in _core.call_names()
+    assert set(_core.backend_names()) == {"host", "sim"}
+    assert all(doc for _, doc in _core.gauge_names() + _core.counter_names())
+
+
+def _params(signature: str) -> List[str]:
+    """Parameter names of a nanobind signature "def f(a: T, b: U) -> R"."""
+    inner = signature[signature.index("(") + 1:signature.rindex(")")]
+    return [p.split(":")[0].strip() for p in inner.split(",") if p.strip()]
+
+
+def _describe(name: str, obj: object) -> str:
+    """name(params) of a compiled function or method, else name."""
+    signatures = getattr(obj, "__nb_signature__", None)
+    if signatures is None:
+        return name
+    return f"{name}({', '.join(_params(signatures[0][0]))})"
+
+
+def _stub_describe(node: ast.FunctionDef) -> str:
+    if any(isinstance(d, ast.Name) and d.id == "property"
+           for d in node.decorator_list):
+        return node.name
+    return f"{node.name}({', '.join(a.arg for a in node.args.args)})"
+
+
+def test_core_stub_matches_the_module() -> None:
+    """Names and parameters of jaxlake/_core.pyi agree with the module."""
+    stub_path = pathlib.Path(jaxlake.__file__).parent / "_core.pyi"
+    stub: Dict[str, List[str]] = {}
+    for node in ast.parse(stub_path.read_text()).body:
+        if isinstance(node, ast.FunctionDef):
+            stub[node.name] = [_stub_describe(node)]
+        elif isinstance(node, ast.ClassDef):
+            members = []
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef) and \
+                        item.name != "__init__":
+                    members.append(_stub_describe(item))
+                elif isinstance(item, ast.AnnAssign):
+                    assert isinstance(item.target, ast.Name)
+                    members.append(item.target.id)
+            stub[node.name] = sorted(members)
+
+    module: Dict[str, List[str]] = {}
+    for name in dir(_core):
+        if name.startswith("_"):
+            continue
+        obj = getattr(_core, name)
+        if isinstance(obj, type):
+            module[name] = sorted(
+                _describe(n, getattr(obj, n)) for n in dir(obj)
+                if not n.startswith("_"))
+        else:
+            module[name] = [_describe(name, obj)]
+    problems = [f"{name}: stub {stub.get(name)} != module {module.get(name)}"
+                for name in sorted(set(stub) | set(module))
+                if stub.get(name) != module.get(name)]
+    assert not problems, ("jaxlake/_core.pyi disagrees with the compiled "
+                          "module; update the stub:\n" + "\n".join(problems))
