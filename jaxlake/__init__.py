@@ -19,6 +19,14 @@ from jaxlake._src.options import option_table
 from jaxlake._src.options import parse_size
 from jaxlake._src.options import resolve_options
 from jaxlake._src.stats import Stats
+from jaxlake._src.xla import Status
+from jaxlake._src.xla import configure
+from jaxlake._src.xla import empty_cache
+from jaxlake._src.xla import hook_counts
+from jaxlake._src.xla import memory_report
+from jaxlake._src.xla import stats
+from jaxlake._src.xla import status
+from jaxlake._src.xla import trace
 
 __version__: str = _metadata.version("jaxlake")
 
@@ -32,9 +40,17 @@ __all__ = [
     "Option",
     "OutOfMemoryError",
     "Stats",
+    "Status",
     "TraceEvent",
     "__version__",
+    "configure",
+    "empty_cache",
+    "hook_counts",
+    "memory_report",
     "option_table",
     "parse_size",
     "resolve_options",
+    "stats",
+    "status",
+    "trace",
 ]

@@ -23,11 +23,19 @@ def test_public_names_are_pinned() -> None:
         "Option",
         "OutOfMemoryError",
         "Stats",
+        "Status",
         "TraceEvent",
         "__version__",
+        "configure",
+        "empty_cache",
+        "hook_counts",
+        "memory_report",
         "option_table",
         "parse_size",
         "resolve_options",
+        "stats",
+        "status",
+        "trace",
     ]
     for name in jaxlake.__all__:
         assert hasattr(jaxlake, name), name

@@ -131,6 +131,17 @@ def test_trace_is_what_replay_reads(trained: Dict[str, Path]) -> None:
     assert len(temps) >= 16
 
 
+def test_jaxlake_replay_reads_the_trace(trained: Dict[str, Path]) -> None:
+    done = subprocess.run(
+        [sys.executable, "-m", "jaxlake", "replay", str(trained["trace"]),
+         "--policy", "jaxlake,bfc"], capture_output=True, text=True,
+        timeout=TIMEOUT, cwd=str(trained["trace"].parent))
+    if "invalid choice: 'replay'" in done.stderr:
+        pytest.skip("this jaxlake has no `replay` command yet")
+    assert done.returncode == 0, done.stderr[-3000:]
+    assert "lm-tiny" in done.stdout and "bfc" in done.stdout
+
+
 def test_remat_accumulation_buckets_eval(tmp_path: Path) -> None:
     out = tmp_path / "log.jsonl"
     run("train_lm.py", "--steps", "12", "--remat", "dots-saveable",

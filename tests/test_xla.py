@@ -14,7 +14,7 @@ import pathlib
 import subprocess
 import sys
 import textwrap
-from typing import Dict, Optional
+from typing import Any, Dict, Optional
 
 import pytest
 
@@ -148,15 +148,17 @@ def test_bad_option_values_name_the_option() -> None:
 
 
 def test_bad_xla_flags_entry_is_named() -> None:
-    result = run_python("""
-        import jaxlake
-        try:
-            jaxlake.configure()
-        except jaxlake.ConfigurationError as e:
-            print("RAISED", e)
-    """, {"XLA_FLAGS": "--xla_a=1 --jaxlake_capcity=1GiB"})
-    assert "RAISED XLA_FLAGS entry --jaxlake_capcity" in result.stdout
-    assert "capacity" in result.stdout
+    # The start-up hook sees the entry first and reports it on stderr.
+    result = run_python("import os; print('FLAGS', os.environ['XLA_FLAGS'])",
+                        {"XLA_FLAGS": "--xla_a=1 --jaxlake_capcity=1GiB"})
+    assert "jaxlake: XLA_FLAGS entry --jaxlake_capcity" in result.stderr
+    assert "did you mean 'capacity'" in result.stderr
+    assert "FLAGS --xla_a=1" in result.stdout
+    # configure() itself, when the hook is not installed or was bypassed.
+    env = {"XLA_FLAGS": "--jaxlake_stitch_min=lots"}
+    flags = xla.split_xla_flags(env["XLA_FLAGS"])[1]
+    with pytest.raises(jaxlake.ConfigurationError, match="stitch_min"):
+        jaxlake.resolve_options(flags)
 
 
 # -- the start-up hook -------------------------------------------------------------
@@ -179,13 +181,15 @@ def test_startup_hook_acts_with_jaxlake_1() -> None:
         print("LOADED", "jaxlake._src.xla" in sys.modules)
         print("FLAGS", os.environ.get("XLA_FLAGS"))
         import jax
-        print("SUM", float(jax.numpy.arange(3.0).sum()))
+        print("SUM", float(jax.numpy.arange(3.0).sum()), len(jax.devices()))
     """, {"JAXLAKE": "1",
-          "XLA_FLAGS": "--xla_a=1 --jaxlake_capacity=2GiB --xla_b=2"})
+          "XLA_FLAGS": "--xla_force_host_platform_device_count=2 "
+                       "--jaxlake_capacity=2GiB --xla_dump_hlo_as_text"})
     assert "LOADED True" in result.stdout, result.stderr
     # XLA would abort on the unknown flag: the hook removed it, nothing else.
-    assert "FLAGS --xla_a=1 --xla_b=2" in result.stdout
-    assert "SUM 3.0" in result.stdout
+    assert ("FLAGS --xla_force_host_platform_device_count=2 "
+            "--xla_dump_hlo_as_text") in result.stdout
+    assert "SUM 3.0 2" in result.stdout
     if not HAS_DRIVER:
         assert "jaxlake: lake inactive: no CUDA driver found" in result.stderr
 
@@ -246,9 +250,11 @@ print("HOOKS", json.dumps(jaxlake.hook_counts()))
 
 
 @pytest.fixture(scope="module")
-def fake_driver(cc_build: "object") -> str:
+def fake_driver(built: Any) -> str:
     """Path of the fake driver library, built by CMake for the tests."""
-    return str(cc_build("jaxlake_fakecuda", "jaxlake_fakecuda/libfakecuda.so"))
+    path = built.build / "jaxlake_fakecuda" / "libfakecuda.so"
+    assert path.is_file(), f"the C++ build made no {path}"
+    return str(path)
 
 
 @pytest.mark.skipif(not os.path.isfile(xla.shim_path()),
@@ -336,3 +342,28 @@ def test_doctor_reports(tmp_path: pathlib.Path) -> None:
 def test_public_names() -> None:
     for name in ("configure", "stats", "memory_report", "trace"):
         assert callable(getattr(jaxlake, name))
+
+
+@pytest.mark.skipif(not os.path.isfile(xla.shim_path()),
+                    reason="this build of jaxlake has no CUDA shim")
+def test_capacity_fraction_applies_to_the_device(fake_driver: str) -> None:
+    result = run_python("""
+        import ctypes
+        import jaxlake
+        from jaxlake._src import xla
+        status = jaxlake.configure(capacity=0.25)
+        assert status.active, status.reason
+        cuda = ctypes.CDLL("libcuda.so.1")
+        dev = ctypes.c_int(); cuda.cuDeviceGet(ctypes.byref(dev), 0)
+        ctx = ctypes.c_void_p(); cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+        cuda.cuCtxSetCurrent(ctx)
+        pool = ctypes.c_void_p(); cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), dev)
+        p = ctypes.c_uint64()
+        assert cuda.cuMemAllocFromPoolAsync(ctypes.byref(p), ctypes.c_size_t(4 << 20), pool, None) == 0
+        total = status.devices[0].total_memory
+        print("CAP", xla._loaded_shim().stats(0)["capacity"], total)
+    """, {"JAXLAKE_REAL_LIBCUDA": fake_driver})
+    assert result.returncode == 0, result.stdout + result.stderr
+    cap, total = map(int, result.stdout.split("CAP ")[1].split())
+    chunk = 2 << 20
+    assert cap == int(total * 0.25) // chunk * chunk

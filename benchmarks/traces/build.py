@@ -84,6 +84,9 @@ SUITE: List[Spec] = [
     Spec("lm-1b-remat-full", "train_lm.py",
          ("--preset", "1b", "--remat", "full") + _BIG,
          "1.0B parameters, every block rematerialised, compile-only"),
+    Spec("lm-1b-fsdp-8dev", "train_sharded.py",
+         ("--preset", "1b", "--layout", "fsdp", "--batch", "16") + _BIG,
+         "1.0B parameters, FSDP over 8 devices, compile-only"),
 ]
 
 

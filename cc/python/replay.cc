@@ -33,9 +33,10 @@ class PyTrace {
   explicit PyTrace(Trace t) : trace_(std::make_shared<Trace>(std::move(t))) {}
 
   std::size_t size() const { return trace_->events.size(); }
-  std::optional<std::pair<std::uint32_t, std::string>> error() const {
+  std::optional<std::tuple<std::uint32_t, std::string, bool>> error() const {
     if (trace_->ok()) return std::nullopt;
-    return std::make_pair(trace_->error.line, trace_->error.reason);
+    return std::make_tuple(trace_->error.line, trace_->error.reason,
+                           trace_->error_fatal);
   }
   std::vector<std::pair<std::uint32_t, std::string>> skipped() const {
     std::vector<std::pair<std::uint32_t, std::string>> out;
@@ -47,6 +48,7 @@ class PyTrace {
   std::uint64_t ignored() const { return trace_->ignored; }
   std::uint32_t lines() const { return trace_->lines; }
   std::uint32_t devices() const { return trace_->devices; }
+  std::uint32_t header_line() const { return trace_->header_line; }
   const std::string& header() const { return trace_->header; }
 
   // (t, alloc, id, dev, size, stream, kind) per event.
@@ -207,7 +209,8 @@ void BindReplay(nb::module_& m) {
   nb::class_<PyTrace>(m, "TraceData", "A parsed trace (cc/replay/trace.h).")
       .def("size", &PyTrace::size)
       .def("error", &PyTrace::error,
-           "(line, reason) of the first problem (strict mode), or None.")
+           "(line, reason, fatal) of the problem that stopped the parse, "
+           "or None.")
       .def("skipped", &PyTrace::skipped,
            "(line, reason) of the lines a lenient parse skipped (the first "
            "1000).")
@@ -215,6 +218,7 @@ void BindReplay(nb::module_& m) {
       .def_prop_ro("ignored", &PyTrace::ignored)
       .def_prop_ro("lines", &PyTrace::lines)
       .def_prop_ro("devices", &PyTrace::devices)
+      .def_prop_ro("header_line", &PyTrace::header_line)
       .def("header", &PyTrace::header)
       .def("events", &PyTrace::events)
       .def("device_events", &PyTrace::device_events)

@@ -62,7 +62,7 @@ class Json {
   }
   std::string Where() const {
     return "malformed JSON at column " + std::to_string(p_ - begin_ + 1) +
-           ": ";
+           (p_ >= end_ ? " (the line ends early)" : "") + ": ";
   }
 
   // A string; sets raw [s, s+n) to its bytes when it has no escapes, and
@@ -457,8 +457,10 @@ void ParseJsonl(const char* data, std::size_t size, Trace* trace,
           // A bad header is fatal in both modes.
           trace->error = {n, (!complete ? "truncated header line: " : "") +
                                  err.reason};
+          trace->error_fatal = true;
           return false;
         }
+        trace->header_line = n;
         have_header = true;
         return true;
       }
@@ -471,8 +473,10 @@ void ParseJsonl(const char* data, std::size_t size, Trace* trace,
     }
     return true;
   });
-  if (trace->ok() && !have_header)
+  if (trace->ok() && !have_header) {
     trace->error = {1, "empty trace: no header line"};
+    trace->error_fatal = true;
+  }
 }
 
 // -- RMM CSV -----------------------------------------------------------------
@@ -602,6 +606,7 @@ void ParseCsv(const char* data, std::size_t size, Trace* trace,
         trace->error = {n, "not an RMM memory-event CSV: the header must "
                            "name the columns Thread,Time,Action,Pointer,"
                            "Size,Stream (Action, Pointer and Size at least)"};
+        trace->error_fatal = true;
         return false;
       }
       ncols = f.size();
@@ -660,8 +665,10 @@ void ParseCsv(const char* data, std::size_t size, Trace* trace,
     }
     return true;
   });
-  if (trace->ok() && !have_header)
+  if (trace->ok() && !have_header) {
     trace->error = {1, "empty trace: no CSV header line"};
+    trace->error_fatal = true;
+  }
 }
 
 void AppendU64(std::string* out, std::uint64_t v) {

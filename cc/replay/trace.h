@@ -55,12 +55,16 @@ struct TraceProblem {
 
 struct Trace {
   std::string header;  // the JSON header line as written (empty for CSV)
+  std::uint32_t header_line = 0;  // its line number
   std::uint32_t devices = 1;
   std::vector<TraceEvent> events;
   std::uint32_t slots = 0;      // slots used (the most allocations live)
   std::uint32_t lines = 0;      // lines read
-  // Strict mode: the first problem (line 0 and empty reason when none).
+  // The first problem that stopped the parse (empty reason when none): in
+  // strict mode any problem, in lenient mode a fatal one. Fatal problems
+  // (a bad or missing header, an empty file) stop both modes.
   TraceProblem error;
+  bool error_fatal = false;
   // Lenient mode: the lines skipped, the first kMaxSkippedKept of them
   // kept with their reason, all of them counted.
   std::vector<TraceProblem> skipped;

@@ -122,8 +122,17 @@ Lake* Lakes::LakeFor(int device) {
     driver_options.peer_access = options_.peer_access;
     driver = vmm::CudaDriver::Create(library_, device, &why, driver_options);
   }
+  LakeOptions lake_options = options_.lake;
+  if (driver != nullptr && options_.capacity_fraction > 0.0) {
+    // A share of this device's memory, in whole granules.
+    const std::size_t gran = driver->granularity();
+    const auto share = static_cast<std::size_t>(
+        static_cast<double>(driver->total_memory()) *
+        options_.capacity_fraction);
+    lake_options.capacity = std::max(gran, share / gran * gran);
+  }
   if (driver != nullptr) {
-    const std::string bad = ValidateOptions(options_.lake, *driver);
+    const std::string bad = ValidateOptions(lake_options, *driver);
     if (!bad.empty()) why = "invalid lake options: " + bad;
   }
   if (driver == nullptr || !why.empty()) {
@@ -138,7 +147,7 @@ Lake* Lakes::LakeFor(int device) {
   }
   auto dl = std::make_unique<DeviceLake>();
   dl->driver = std::move(driver);
-  dl->lake = std::make_unique<Lake>(*dl->driver, options_.lake);
+  dl->lake = std::make_unique<Lake>(*dl->driver, lake_options);
   Lake* lake = dl->lake.get();
   lakes_[slot].store(dl.release(), std::memory_order_release);  // never freed
   return lake;

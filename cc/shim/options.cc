@@ -91,6 +91,15 @@ std::string ReadOptions(ShimOptions* out) {
     if (!ParseBool(v, &o.peer_access))
       return Malformed("JAXLAKE_SHIM_PEER_ACCESS", v, "0 or 1");
   }
+  if (const char* v = Env("JAXLAKE_CAPACITY_FRACTION")) {
+    char* end = nullptr;
+    errno = 0;
+    const double f = std::strtod(v, &end);
+    if (errno != 0 || end == v || *end != '\0' || !(f > 0.0 && f <= 1.0))
+      return Malformed("JAXLAKE_CAPACITY_FRACTION", v,
+                       "a decimal fraction in (0, 1]");
+    o.capacity_fraction = f;
+  }
   if (const char* v = Env("JAXLAKE_TRACE_FILE")) o.trace_file = v;
   *out = o;
   return {};
@@ -104,6 +113,7 @@ std::string OptionsJson(const ShimOptions& o) {
     out += JsonString(b.name) + ": " + JsonBool(o.lake.*b.field) + ", ";
   out += "\"hooks\": " + std::string(JsonBool(o.hooks)) +
          ", \"peer_access\": " + JsonBool(o.peer_access) +
+         ", \"capacity_fraction\": " + std::to_string(o.capacity_fraction) +
          ", \"trace_file\": " + JsonString(o.trace_file) + "}";
   return out;
 }

@@ -18,6 +18,9 @@
 //                          for the devices that can access it as peers
 //   JAXLAKE_TRACE_FILE     a path: write the allocation trace there from
 //                          the start (JSON lines, docs/traces.md)
+//   JAXLAKE_CAPACITY_FRACTION  a decimal in (0, 1]: the capacity as that
+//                          share of each device's memory (wins over
+//                          JAXLAKE_CAPACITY)
 //   JAXLAKE_REAL_LIBCUDA   the real driver's absolute path (loader.h)
 // They are read at the first call into the shim. Numbers are decimal digits
 // only; an unset or empty variable keeps the default. A malformed value
@@ -36,6 +39,9 @@ struct ShimOptions {
   LakeOptions lake;
   bool hooks = true;
   bool peer_access = true;
+  // Capacity as a fraction of each device's memory, in (0, 1]; 0: unset
+  // (then lake.capacity applies).
+  double capacity_fraction = 0.0;
   std::string trace_file;
 };
 

@@ -26,7 +26,7 @@ from jaxlake._src import tracefile
 from jaxlake._src.options import MIB
 from jaxlake._src.replay import (Capacity, ReplayResult, check_policies,
                                  policy_names, replay)
-from jaxlake._src.tracefile import Trace, TraceWriter
+from jaxlake._src.tracefile import TraceWriter
 
 GIB = 1 << 30
 SUITE_PATTERN = "*.jsonl.gz"
@@ -62,12 +62,13 @@ def suite_files(folder: str) -> List[str]:
 class Progress:
     """A one-line progress bar on a terminal; silent elsewhere."""
 
-    def __init__(self, total: int, stream: TextIO = sys.stderr,
+    def __init__(self, total: int, stream: Optional[TextIO] = None,
                  enabled: Optional[bool] = None) -> None:
         self.total = max(1, total)
         self.done = 0
-        self.stream = stream
-        self.enabled = (stream.isatty() if enabled is None else enabled)
+        self.stream = stream if stream is not None else sys.stderr
+        self.enabled = (self.stream.isatty() if enabled is None
+                        else enabled)
         self.start = time.perf_counter()
 
     def update(self, what: str) -> None:
@@ -261,13 +262,14 @@ def comparisons(suite: Sequence[TraceResults]) -> List[Comparison]:
             w_bfc = tr.by_policy()["bfc"].waste
             if w_bfc > 0:
                 reductions.append(
-                    1 - tr.by_policy()["jaxlake"].waste / w_bfc)
+                    (tr.name, 1 - tr.by_policy()["jaxlake"].waste / w_bfc))
         if reductions:
-            mean = sum(reductions) / len(reductions)
+            mean = sum(x for _, x in reductions) / len(reductions)
             out.append(Comparison(
                 "W reduction vs bfc, mean of 1 - W/W_bfc over the suite",
-                None, f"{100 * mean:.1f}% (per trace: " +
-                ", ".join(f"{100 * x:.0f}%" for x in reductions) + ")"))
+                None, f"{100 * mean:.1f}% (" +
+                ", ".join(f"{name} {100 * x:.0f}%"
+                          for name, x in reductions) + ")"))
         ratios = [tr.by_policy()["jaxlake"].median_ns /
                   tr.by_policy()["bfc"].median_ns
                   for tr in suite if tr.by_policy()["bfc"].median_ns > 0]
@@ -308,8 +310,8 @@ def speed_lines(suite: Sequence[TraceResults]) -> str:
         parts.append(f"{policy} {rate:.2f}M")
     load_events = sum(tr.events for tr in suite)
     load_s = sum(tr.load_s for tr in suite)
-    return ("replay speed (events/s, with per-call timing): " +
-            ", ".join(parts) +
+    return (f"replay speed over {load_events} events (events/s, with "
+            "per-call timing): " + ", ".join(parts) +
             f"; loading {load_events / max(load_s, 1e-9) / 1e6:.2f}M "
             "events/s")
 

@@ -41,8 +41,8 @@ def _policies(values: Optional[Sequence[str]]) -> List[str]:
     return check_policies(names)
 
 
-def _error(command: str, message: str, out: TextIO = sys.stderr) -> None:
-    out.write(f"jaxlake {command}: error: {message}\n")
+def _error(command: str, message: str) -> None:
+    sys.stderr.write(f"jaxlake {command}: error: {message}\n")
 
 
 def _add_policy(p: argparse.ArgumentParser) -> None:
@@ -143,7 +143,12 @@ def register(commands: Any) -> None:
     i.add_argument("--lenient", action="store_true",
                    help="skip malformed lines")
     i.set_defaults(func=info_command)
-    t.set_defaults(func=lambda args: (t.print_help(), EXIT_USAGE)[1])
+    def trace_help(args: argparse.Namespace,
+                   out: Optional[TextIO] = None) -> int:
+        t.print_help(out if out is not None else sys.stdout)
+        return EXIT_USAGE
+
+    t.set_defaults(func=trace_help)
 
 
 # -- handlers ------------------------------------------------------------------
@@ -155,8 +160,8 @@ def _read(command: str, path: str, lenient: bool,
         trace = tracefile.read_trace(path, lenient=lenient)
     except tracefile.TraceError as e:
         _error(command, str(e) +
-               ("" if lenient or not e.line else
-                " (--lenient skips such lines)"))
+               (" (--lenient skips such lines)"
+                if e.skippable and not lenient else ""))
         return None
     _report_skipped(trace, out)
     return trace
@@ -181,7 +186,8 @@ def _result_rows(name: str, results: Sequence[ReplayResult]) -> List[List[str]]:
 
 
 def bench_command(args: argparse.Namespace,
-                  out: TextIO = sys.stdout) -> int:
+                  out: Optional[TextIO] = None) -> int:
+    out = out if out is not None else sys.stdout
     try:
         policies = _policies(args.policy)
     except PolicyError as e:
@@ -193,12 +199,13 @@ def bench_command(args: argparse.Namespace,
         paths = bench.write_synthetic(folder)
         source = f"synthetic traces in {folder}"
     else:
-        folder = args.suite or bench.installed_suite_dir()
-        if folder is None:
+        found: Optional[str] = args.suite or bench.installed_suite_dir()
+        if found is None:
             _error("bench", "no bundled traces found (jaxlake/traces is "
                             "empty); pass --suite DIR, or --synthetic to try "
                             "synthetic traces")
             return EXIT_INPUT
+        folder = found
         if not os.path.isdir(folder):
             _error("bench", f"--suite {folder}: not a folder")
             return EXIT_INPUT
@@ -246,7 +253,8 @@ def bench_command(args: argparse.Namespace,
 
 
 def replay_command(args: argparse.Namespace,
-                   out: TextIO = sys.stdout) -> int:
+                   out: Optional[TextIO] = None) -> int:
+    out = out if out is not None else sys.stdout
     try:
         policies = _policies(args.policy)
     except PolicyError as e:
@@ -294,7 +302,9 @@ def replay_command(args: argparse.Namespace,
     return 0
 
 
-def plot_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def plot_command(args: argparse.Namespace,
+                 out: Optional[TextIO] = None) -> int:
+    out = out if out is not None else sys.stdout
     from jaxlake._src import plot
     try:
         policies = _policies(args.policy)
@@ -316,7 +326,8 @@ def plot_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
 
 
 def convert_command(args: argparse.Namespace,
-                    out: TextIO = sys.stdout) -> int:
+                    out: Optional[TextIO] = None) -> int:
+    out = out if out is not None else sys.stdout
     if os.path.abspath(args.input) == os.path.abspath(args.output):
         _error("trace convert", "IN and OUT are the same file")
         return EXIT_USAGE
@@ -325,8 +336,8 @@ def convert_command(args: argparse.Namespace,
                                   lenient=args.lenient)
     except tracefile.TraceError as e:
         _error("trace convert", str(e) +
-               ("" if args.lenient or not e.line else
-                " (--lenient skips such lines)"))
+               (" (--lenient skips such lines)"
+                if e.skippable and not args.lenient else ""))
         return EXIT_INPUT
     except (OSError, ValueError) as e:
         _error("trace convert", str(e))
@@ -337,7 +348,9 @@ def convert_command(args: argparse.Namespace,
     return 0
 
 
-def info_command(args: argparse.Namespace, out: TextIO = sys.stdout) -> int:
+def info_command(args: argparse.Namespace,
+                 out: Optional[TextIO] = None) -> int:
+    out = out if out is not None else sys.stdout
     trace = _read("trace info", args.trace, args.lenient, out)
     if trace is None:
         return EXIT_INPUT

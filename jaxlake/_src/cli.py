@@ -6,9 +6,11 @@ import argparse
 import os
 import sys
 import textwrap
-from typing import List, Optional, Sequence
+from typing import Callable, List, Optional, Sequence
 
+from jaxlake._src import bench_cli
 from jaxlake._src import demo
+from jaxlake._src import xla_cli
 from jaxlake._src.options import OPTIONS, Option, format_size
 
 
@@ -44,16 +46,25 @@ def main(argv: Optional[Sequence[str]] = None) -> int:
         description="jaxlake: a GPU memory allocator that stitches free "
                     "memory together (GMLake-style virtual memory stitching).")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
+    # Each module adds its subcommands with a handler: args -> exit status.
+    bench_cli.register(commands)
     commands.add_parser(
-        "demo", help="show stitching with real bytes on the host backend")
+        "demo", help="show stitching with real bytes on the host backend"
+    ).set_defaults(func=lambda args: demo.run(sys.stdout))
     commands.add_parser(
         "options", help="list the options, their environment variables, "
-                        "defaults and docs")
+                        "defaults and docs"
+    ).set_defaults(func=_print_options)
+    xla_cli.register(commands)
     args = parser.parse_args(argv)
-    if args.command == "demo":
-        return demo.run(sys.stdout)
-    if args.command == "options":
-        print(format_options())
-        return 0
-    parser.print_help()
-    return 2
+    func: Optional[Callable[[argparse.Namespace], int]] = getattr(
+        args, "func", None)
+    if func is None:
+        parser.print_help()
+        return 2
+    return func(args)
+
+
+def _print_options(args: argparse.Namespace) -> int:
+    print(format_options())
+    return 0

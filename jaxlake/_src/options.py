@@ -119,7 +119,14 @@ OPTIONS: Tuple[Option, ...] = (
 
 #: JAXLAKE_* environment variables that other parts of jaxlake read (they
 #: are not lake options); resolve_options does not warn about these.
-OTHER_VARIABLES: Tuple[str, ...] = ()
+OTHER_VARIABLES: Tuple[str, ...] = (
+    "JAXLAKE_REAL_LIBCUDA",       # the real CUDA driver's path (the shim)
+    "JAXLAKE_TRACE_FILE",         # write the allocation trace there
+    "JAXLAKE_SHIM_HOOKS",         # 0: the shim forwards every call
+    "JAXLAKE_SHIM_PEER_ACCESS",   # 0: lake memory for its own device only
+    "JAXLAKE_CAPACITY_FRACTION",  # set from a fractional capacity
+    "JAXLAKE_REQUIRED",           # start-up hook: fail if inactive
+)
 
 _BY_NAME: Dict[str, Option] = {o.name: o for o in OPTIONS}
 _ENV_NAMES: Dict[str, Option] = {o.env: o for o in OPTIONS}

@@ -22,9 +22,23 @@ from jaxlake._src.tracefile import Trace
 MEMORY_CALLS = ("reserve", "address_free", "create", "release", "map",
                 "unmap", "set_access")
 GRANULARITY = 2 * MIB
-#: The device size of an uncapped replay: large enough that no policy is
-#: ever refused memory, so each shows its natural peak.
-UNCAPPED = 1 << 40
+#: The device of an uncapped replay: an H100's 80 GiB, or twice a device's
+#: peak live bytes when that is more (see device_bytes()).
+DEVICE = 80 << 30
+GIB = 1 << 30
+
+
+def device_bytes(peak_live: int, capacity: Optional[int] = None) -> int:
+    """The simulated device for an uncapped replay of a device whose peak
+    live bytes are `peak_live`: 80 GiB (an H100), or twice the peak live
+    bytes in whole GiB when that is more, and never less than `capacity`.
+
+    The size matters to the policies that size their growth by the memory
+    left (BFC cuts its doubling regions to it, expandable segments reserve
+    9/8 of it), so it is a real device size, not an unbounded one.
+    """
+    need = -(-2 * peak_live // GIB) * GIB
+    return max(DEVICE, need, capacity or 0)
 
 
 def _core() -> Any:
@@ -103,8 +117,9 @@ class Capacity:
         return cls(nbytes=nbytes)
 
     def bytes_for(self, peak_live: int) -> int:
+        # (less a hair, so that 1.1 x 100 MiB is 110 MiB, not one more)
         raw = self.nbytes if self.nbytes is not None else \
-            math.ceil((self.factor or 1.0) * peak_live)
+            math.ceil((self.factor or 1.0) * peak_live - 1e-6)
         granules = max(1, -(-int(raw) // GRANULARITY))
         return granules * GRANULARITY
 
@@ -163,6 +178,7 @@ class ReplayResult:
     timeline_event: List[int]
     timeline_live: List[int]
     timeline_reserved: List[int]
+    device_memory: int = 0           # the uncapped device (bytes, max)
     capacity: Optional[int] = None   # bytes per device, when capped
     oom: Optional[OutOfMemory] = None
     capped_peak_reserved: Optional[int] = None
@@ -192,11 +208,10 @@ def _one(trace: Trace, policy: str, options: Any, device: int,
         raise PolicyError(str(e)) from None
 
 
-def _options(capacity: Optional[int],
-             overrides: Optional[Dict[str, Any]]) -> Any:
+def _options(capacity: int, overrides: Optional[Dict[str, Any]]) -> Any:
     core = _core()
     o = core.PolicyOptions()
-    o.capacity = UNCAPPED if capacity is None else capacity
+    o.capacity = capacity
     for key, value in (overrides or {}).items():
         if key.startswith("lake_"):
             setattr(o.lake, key[len("lake_"):], value)
@@ -245,8 +260,9 @@ def replay(trace: Trace, policy: str,
            options: Optional[Dict[str, Any]] = None) -> ReplayResult:
     """Replays every device of `trace` through `policy`.
 
-    Without a capacity the policy may grow as it likes (a 1 TiB device);
-    its peak figures are its natural ones. With a capacity (per device),
+    Without a capacity each device is simulated as device_bytes() says
+    (80 GiB unless the trace needs more); a policy grows as it likes there
+    and its peak figures are its natural ones. With a capacity (per device),
     the result also says whether, and where, the policy ran out of memory.
     A policy whose uncapped peak fits the capacity behaves exactly as
     uncapped (every model only reacts to the capacity when a request would
@@ -261,7 +277,10 @@ def replay(trace: Trace, policy: str,
         else Capacity.parse(capacity)
     counts = list(trace.core.device_events())
     devices = [d for d, n in enumerate(counts) if n] or [0]
-    parts = [_one(trace, policy, _options(None, options), d,
+    live = {d: int(trace.core.peak_live(d)) for d in devices}
+    caps = {d: cap.bytes_for(live[d]) for d in devices} if cap else {}
+    sizes = {d: device_bytes(live[d], caps.get(d)) for d in devices}
+    parts = [_one(trace, policy, _options(sizes[d], options), d,
                   timeline_points, timing, check_every) for d in devices]
     for p in parts:
         if p["check_error"]:
@@ -304,13 +323,14 @@ def replay(trace: Trace, policy: str,
         events_per_s=events / wall if wall > 0 else 0.0,
         timeline_event=t_event, timeline_live=t_live,
         timeline_reserved=t_reserved)
-    if first_oom is not None:  # more than UNCAPPED bytes
+    result.device_memory = max(sizes.values())
+    if first_oom is not None:  # the device itself is too small
         result.oom = _oom(first_oom)
     if cap is None:
         return result
     capped_peak = 0
     for p in parts:
-        nbytes = cap.bytes_for(int(p["peak_live"]))
+        nbytes = caps[int(p["device"])]
         result.capacity = max(result.capacity or 0, nbytes)
         if p["peak_reserved"] <= nbytes:
             capped_peak += int(p["peak_reserved"])

@@ -37,13 +37,17 @@ class TraceError(JaxlakeError, ValueError):
     """A trace file is malformed; `line` is the 1-based line number (0 when
     the problem is not on one line, e.g. an unreadable file)."""
 
-    def __init__(self, message: str, path: str = "", line: int = 0) -> None:
+    def __init__(self, message: str, path: str = "", line: int = 0,
+                 skippable: bool = False) -> None:
         where = f"{path}:{line}: " if path and line else (
             f"{path}: " if path else (f"line {line}: " if line else ""))
         super().__init__(where + message)
         self.path = path
         self.line = line
         self.reason = message
+        #: Whether a lenient read would skip the line (header problems and
+        #: unreadable files are fatal in both modes).
+        self.skippable = skippable
 
 
 class Event(NamedTuple):
@@ -253,7 +257,7 @@ def _gunzip_partial(data: bytes) -> Optional[bytes]:
 
 def sniff_format(data: bytes) -> str:
     """"jsonl" or "csv", from the first non-blank character of the file."""
-    head = data.lstrip()[:64]
+    head = data[:4096].lstrip()[:64]
     if head.startswith(b"{"):
         return "jsonl"
     if head.lower().startswith(b"thread") or b"," in head.split(b"\n")[0]:
@@ -319,8 +323,8 @@ def parse_trace(data: bytes, path: str = "<bytes>", lenient: bool = False,
     core = _core().parse_trace(data, fmt == "csv", lenient)
     error = core.error()
     if error:
-        line, reason = error
-        raise TraceError(reason, path, line)
+        line, reason, fatal = error
+        raise TraceError(reason, path, line, skippable=not fatal)
     skipped = [Skipped(line, reason) for line, reason in core.skipped()]
     if fmt == "csv":
         return Trace(path=path, format="csv", name=_base_name(path),
@@ -334,13 +338,13 @@ def parse_trace(data: bytes, path: str = "<bytes>", lenient: bool = False,
     name = header.get("name", _base_name(path))
     if not isinstance(name, str) or not name:
         raise TraceError(f"the header's \"name\" must be a non-empty "
-                         f"string, got {name!r}", path, 1)
+                         f"string, got {name!r}", path, core.header_line)
     meta = header.get("meta", {})
     if meta is None:
         meta = {}
     if not isinstance(meta, dict):
         raise TraceError(f"the header's \"meta\" must be an object, got "
-                         f"{type(meta).__name__}", path, 1)
+                         f"{type(meta).__name__}", path, core.header_line)
     source = header.get("source", "")
     return Trace(path=path, format="jsonl", name=name,
                  devices=int(core.devices), source=str(source or ""),

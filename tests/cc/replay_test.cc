@@ -552,6 +552,33 @@ TEST(gmlake_reclaims_under_pressure) {
   CHECK_EQ(p->check(), std::string());
 }
 
+TEST(gmlake_keeps_segments_a_live_stitched_block_maps) {
+  PolicyOptions o;
+  o.gmlake_frag_limit = 4 * kMiB;
+  o.capacity = 44 * kMiB;
+  auto p = Make("gmlake", o);
+  // Segments X, Y (6 chunks), Z, W (5 chunks); W stays live.
+  const std::uintptr_t x = Alloc(*p, 12 * kMiB);
+  const std::uintptr_t y = Alloc(*p, 12 * kMiB);
+  const std::uintptr_t z = Alloc(*p, 10 * kMiB);
+  Alloc(*p, 10 * kMiB);
+  p->free(x, 0);
+  p->free(y, 0);
+  p->free(z, 0);
+  // 32 MiB = 16 chunks: stitched from Y (6), X (6) and 4 chunks of Z.
+  p->free(Alloc(*p, 32 * kMiB), 0);
+  CHECK_EQ(Counter(*p, "stitches"), 1u);
+  // 14 MiB = 7 chunks: no run that long; the cached block is reused and
+  // uses Y and one chunk of X. Z is wholly free but still mapped by it.
+  Alloc(*p, 14 * kMiB);
+  CHECK_EQ(Counter(*p, "stitch_reuses"), 1u);
+  // Under pressure Z cannot be released: stream 1 runs out of memory.
+  std::uintptr_t a;
+  CHECK(!p->allocate(10 * kMiB, 1, &a));
+  CHECK_EQ(p->reserved(), 44 * kMiB);
+  CHECK_EQ(p->check(), std::string());
+}
+
 // ---- jaxlake (the real lake) -------------------------------------------------
 
 TEST(jaxlake_policy_stitches_scattered_free_memory) {

@@ -1,0 +1,383 @@
+"""Trace files (writer, reader, RMM CSV) and replays through the policies.
+
+The policy models themselves are pinned by tests/cc/replay_test.cc; here
+the Python side: the file format contract (docs/traces.md), its errors with
+line numbers, lenient reading, conversion, capacities and the results.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+import pathlib
+from typing import List
+
+import pytest
+
+from jaxlake import _core
+from jaxlake._src import bench, replay, tracefile
+from jaxlake._src.tracefile import TraceError, TraceWriter
+
+MIB = 1 << 20
+
+
+def write(path: pathlib.Path, lines: List[str], header: str = "") -> str:
+    head = header or json.dumps({"format": "jaxlake-trace", "version": 1,
+                                 "name": "hand", "devices": 1,
+                                 "source": "test", "meta": {}})
+    path.write_text(head + "\n" + "".join(line + "\n" for line in lines))
+    return str(path)
+
+
+def alloc(i: int, size: int, t: int = 0, **kw: object) -> str:
+    return json.dumps({"t": t, "op": "alloc", "id": i, "size": size, **kw})
+
+
+def free(i: int, t: int = 0, **kw: object) -> str:
+    return json.dumps({"t": t, "op": "free", "id": i, **kw})
+
+
+# -- the writer --------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", ["w.jsonl", "w.jsonl.gz"])
+def test_writer_round_trip(tmp_path: pathlib.Path, name: str) -> None:
+    path = tmp_path / name
+    with TraceWriter(path, "lm", devices=2, meta={"model": "small"}) as w:
+        w.alloc(1, 4096, kind="param")
+        w.alloc(2, 100, dev=1, stream=3, t=10)
+        w.free(1)
+        w.free(2, dev=1, stream=3)
+        assert w.events == 4 and w.live == 0
+    raw = path.read_bytes()
+    assert (raw[:2] == b"\x1f\x8b") == name.endswith(".gz")
+    first = (gzip.decompress(raw) if name.endswith(".gz") else raw)
+    header = json.loads(first.splitlines()[0])
+    assert header == {"format": "jaxlake-trace", "version": 1, "name": "lm",
+                      "devices": 2, "source": "recorder",
+                      "meta": {"model": "small"}}
+    trace = tracefile.read_trace(path)
+    assert (trace.name, trace.devices, trace.source, trace.meta) == \
+        ("lm", 2, "recorder", {"model": "small"})
+    assert trace.events() == [
+        tracefile.Event(0, "alloc", 1, 0, 4096, 0, "param"),
+        tracefile.Event(10, "alloc", 2, 1, 100, 3, None),
+        tracefile.Event(11, "free", 1, 0, 4096, 0, None),
+        tracefile.Event(12, "free", 2, 1, 100, 3, None),
+    ]
+
+
+def test_gzip_output_is_reproducible(tmp_path: pathlib.Path) -> None:
+    def make(path: pathlib.Path) -> bytes:
+        with TraceWriter(path, "r") as w:
+            w.alloc(1, 10)
+        return path.read_bytes()
+    assert make(tmp_path / "a.jsonl.gz") == make(tmp_path / "b.jsonl.gz")
+
+
+def test_writer_refuses_bad_events(tmp_path: pathlib.Path) -> None:
+    with TraceWriter(tmp_path / "w.jsonl", "bad", devices=1) as w:
+        with pytest.raises(ValueError, match="size must be at least 1"):
+            w.alloc(1, 0)
+        with pytest.raises(ValueError, match="size must be at least 1"):
+            w.alloc(1, -4)
+        with pytest.raises(TypeError, match="size must be an int"):
+            w.alloc(1, 1.5)  # type: ignore[arg-type]
+        with pytest.raises(ValueError, match="not below devices=1"):
+            w.alloc(1, 8, dev=1)
+        with pytest.raises(ValueError, match="unknown kind 'weights'"):
+            w.alloc(1, 8, kind="weights")
+        with pytest.raises(ValueError, match="not live"):
+            w.free(5)
+        w.alloc(1, 8, t=5)
+        with pytest.raises(ValueError, match="already live"):
+            w.alloc(1, 8)
+        with pytest.raises(ValueError, match="goes back in time"):
+            w.free(1, t=4)
+        assert w.events == 1
+    with pytest.raises(ValueError, match="closed"):
+        w.alloc(2, 8)
+    # What was written before the errors is a valid trace.
+    assert len(tracefile.read_trace(tmp_path / "w.jsonl")) == 1
+
+
+# -- the reader: errors with line numbers --------------------------------------
+
+
+@pytest.mark.parametrize("line, reason", [
+    (alloc(1, -5), 'negative "size"'),
+    (alloc(1, 0), '"size" must be positive'),
+    (free(9), "free of id 9 on device 0, which is not live"),
+    ('{"t": 0, "op": "alloc", "id": 1', "the line ends early"),
+    ("{oops}", "malformed JSON at column 2"),
+    (alloc(1, 8, dev=3), "is not below devices=1"),
+    (alloc(1, 8, kind="weights"), 'unknown "kind"'),
+])
+def test_errors_name_file_and_line(tmp_path: pathlib.Path, line: str,
+                                   reason: str) -> None:
+    path = write(tmp_path / "bad.jsonl", [alloc(7, 64), line, free(7)])
+    with pytest.raises(TraceError, match=reason) as info:
+        tracefile.read_trace(path)
+    assert info.value.line == 3
+    assert str(info.value).startswith(f"{path}:3: ")
+
+
+def test_truncated_last_line(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "cut.jsonl"
+    write(path, [alloc(1, 64)])
+    with open(path, "a") as f:
+        f.write('{"t": 1, "op": "fr')
+    with pytest.raises(TraceError, match="truncated line") as info:
+        tracefile.read_trace(path)
+    assert info.value.line == 3
+
+
+def test_header_is_required(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "nohead.jsonl"
+    path.write_text(alloc(1, 64) + "\n")
+    with pytest.raises(TraceError, match="missing header") as info:
+        tracefile.read_trace(path)
+    assert info.value.line == 1
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("")
+    with pytest.raises(TraceError, match="empty trace"):
+        tracefile.read_trace(empty)
+    with pytest.raises(TraceError, match="cannot read the trace"):
+        tracefile.read_trace(tmp_path / "missing.jsonl")
+
+
+def test_lenient_reading_skips_and_reports(tmp_path: pathlib.Path) -> None:
+    path = write(tmp_path / "damaged.jsonl", [
+        alloc(1, 64), alloc(2, -1), free(2), "garbage", free(1),
+        alloc(3, 0)])
+    trace = tracefile.read_trace(path, lenient=True)
+    assert [e.op for e in trace.events()] == ["alloc", "free"]
+    assert [s.line for s in trace.skipped] == [3, 4, 5, 7]
+    assert "negative" in trace.skipped[0].reason
+    assert "not live" in trace.skipped[1].reason
+
+
+def test_truncated_gzip(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "t.jsonl.gz"
+    with TraceWriter(path, "cut") as w:
+        for i in range(2000):
+            w.alloc(i, 1000 + i)
+    data = path.read_bytes()
+    cut = tmp_path / "cut.jsonl.gz"
+    cut.write_bytes(data[: len(data) // 2])
+    with pytest.raises(TraceError, match="truncated") as info:
+        tracefile.read_trace(cut)
+    assert info.value.line > 1
+    trace = tracefile.read_trace(cut, lenient=True)
+    assert 0 < len(trace) < 2000
+    assert trace.skipped and "truncated" in trace.skipped[-1].reason
+    garbage = tmp_path / "garbage.jsonl.gz"
+    garbage.write_bytes(b"\x1f\x8b" + b"\x00" * 40)
+    with pytest.raises(TraceError, match="gzip"):
+        tracefile.read_trace(garbage)
+
+
+# -- RMM CSV -----------------------------------------------------------------
+
+
+RMM = """Thread,Time,Action,Pointer,Size,Stream
+140230,1634567890.000012,allocate,0x7f3a00000000,4194304,0x0
+140230,1634567890.000020,allocate,0x7f3a00400000,1000,0x7f01
+140230,1634567890.100000,deallocate,0x7f3a00000000,4194304,0x0
+140230,1634567890.200000,free,0x7f3a00400000,1000,0x7f01
+140230,1634567890.300000,allocate,0x7f3a00000000,64,0x0
+"""
+
+
+def test_reads_rmm_csv(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "rmm_log.csv"
+    path.write_text(RMM)
+    trace = tracefile.read_trace(path)
+    assert (trace.format, trace.name, trace.source) == \
+        ("csv", "rmm_log", "rmm-csv")
+    events = trace.events()
+    assert [e.op for e in events] == ["alloc", "alloc", "free", "free",
+                                      "alloc"]
+    assert events[0].id == 0x7f3a00000000 and events[0].size == 4194304
+    assert events[1].stream == 0x7f01
+    assert events[0].t == 1634567890000012000
+
+
+def test_csv_errors_name_the_line(tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "bad.csv"
+    path.write_text(RMM.replace("0x7f3a00400000,1000,", "0x7f3a00400000,-3,",
+                                1))
+    with pytest.raises(TraceError, match="negative Size") as info:
+        tracefile.read_trace(path)
+    assert info.value.line == 3
+
+
+def test_convert_round_trips(tmp_path: pathlib.Path) -> None:
+    src = tmp_path / "rmm.csv"
+    src.write_text(RMM)
+    as_jsonl = tmp_path / "rmm.jsonl.gz"
+    tracefile.convert(src, as_jsonl)
+    back = tmp_path / "back.csv"
+    tracefile.convert(as_jsonl, back)
+    again = tmp_path / "again.jsonl"
+    tracefile.convert(back, again)
+    first = tracefile.read_trace(as_jsonl).events()
+    assert tracefile.read_trace(again).events() == first
+    assert tracefile.read_trace(back).events() == first
+    lines = back.read_text().splitlines()
+    assert lines[0] == tracefile.CSV_HEADER
+    assert lines[1] == "0,1634567890.000012000,allocate,0x7f3a00000000,4194304,0x0"
+    # Kinds and the header survive JSON lines -> JSON lines.
+    with TraceWriter(tmp_path / "k.jsonl", "k", meta={"x": 1}) as w:
+        w.alloc(1, 5, kind="grad")
+    tracefile.convert(tmp_path / "k.jsonl", tmp_path / "k2.jsonl.gz")
+    k2 = tracefile.read_trace(tmp_path / "k2.jsonl.gz")
+    assert k2.events()[0].kind == "grad" and k2.meta == {"x": 1}
+
+
+def test_csv_cannot_hold_two_devices(tmp_path: pathlib.Path) -> None:
+    with TraceWriter(tmp_path / "two.jsonl", "two", devices=2) as w:
+        w.alloc(1, 5, dev=1)
+    with pytest.raises(ValueError, match="no device column"):
+        tracefile.convert(tmp_path / "two.jsonl", tmp_path / "two.csv")
+
+
+# -- replay ------------------------------------------------------------------
+
+
+def hand_trace(tmp_path: pathlib.Path) -> tracefile.Trace:
+    # Live: 3 MiB; 3 MiB + 1000 B; 1000 B; 5 MiB + 1000 B.
+    return tracefile.read_trace(write(tmp_path / "hand.jsonl", [
+        alloc(1, 3 * MIB), alloc(2, 1000), free(1), alloc(3, 5 * MIB)]))
+
+
+def test_replay_figures(tmp_path: pathlib.Path) -> None:
+    trace = hand_trace(tmp_path)
+    r = replay.replay(trace, "bfc")
+    # BFC: regions of 4 MiB (3 MiB), 4 MiB (1000 B; 3 MiB held the whole
+    # first one) and 8 MiB (5 MiB).
+    assert r.peak_live == 5 * MIB + 1000
+    assert r.peak_reserved == 16 * MIB
+    assert r.waste == 16 * MIB - r.peak_live
+    assert r.utilisation == pytest.approx(r.peak_live / (16 * MIB))
+    assert r.calls["create"] == 3 and r.memory_calls == 6
+    assert (r.events, r.allocs, r.frees) == (4, 3, 1)
+    assert r.oom is None and r.capacity is None
+    assert r.timeline_live == [3 * MIB, 3 * MIB + 1000, 1000, 5 * MIB + 1000]
+    assert r.median_ns >= 0 and r.events_per_s > 0
+    data = r.to_json()
+    json.dumps(data)
+    assert data["memory_calls"] == 6
+
+
+def test_capacity_reports_the_failing_event(tmp_path: pathlib.Path) -> None:
+    trace = hand_trace(tmp_path)
+    results = {r.policy: r for r in replay.replay_all(trace,
+                                                      capacity="10MiB")}
+    bfc = results["bfc"]
+    assert bfc.capacity == 10 * MIB
+    assert bfc.oom is not None
+    # 8 MiB held, 5 MiB more needed at the 4th event (line 5).
+    assert (bfc.oom.event, bfc.oom.line, bfc.oom.size) == (3, 5, 5 * MIB)
+    assert bfc.oom.reserved == 8 * MIB
+    assert "line 5" in bfc.oom.describe()
+    assert results["jaxlake"].oom is None
+    # Policies that fit are not replayed again: same peaks.
+    assert results["jaxlake"].capped_peak_reserved == \
+        results["jaxlake"].peak_reserved
+
+
+def test_capacity_parsing() -> None:
+    parse = replay.Capacity.parse
+    assert parse("none") is None and parse(None) is None and parse("") is None
+    assert parse("16GiB") == replay.Capacity(nbytes=16 << 30)
+    assert parse("1.25x") == replay.Capacity(factor=1.25)
+    assert parse(4096) == replay.Capacity(nbytes=4096)
+    assert parse("1.1x").bytes_for(100 * MIB) == 110 * MIB
+    assert parse("1x").bytes_for(3 * MIB + 1) == 4 * MIB  # whole granules
+    for bad in ("lots", "-1x", "12 parsecs"):
+        with pytest.raises(ValueError, match="capacity"):
+            parse(bad)
+
+
+def test_unknown_policy() -> None:
+    with pytest.raises(replay.PolicyError, match="did you mean 'gmlake'") as e:
+        replay.check_policies(["gmlak"])
+    assert "jaxlake, bfc, torch, torch-expandable, gmlake" in str(e.value)
+    assert replay.policy_names() == ("jaxlake", "bfc", "torch",
+                                     "torch-expandable", "gmlake")
+
+
+def test_two_devices_add_up(tmp_path: pathlib.Path) -> None:
+    with TraceWriter(tmp_path / "two.jsonl", "two", devices=2) as w:
+        w.alloc(1, 3 * MIB, dev=0)
+        w.alloc(1, 5 * MIB, dev=1)
+        w.free(1, dev=0)
+        w.free(1, dev=1)
+    trace = tracefile.read_trace(tmp_path / "two.jsonl")
+    r = replay.replay(trace, "torch", capacity="1x")
+    assert r.devices == 2
+    assert r.peak_live == 8 * MIB
+    assert r.peak_reserved == 40 * MIB  # a 20 MiB segment per device
+    # Capacities of 4 and 6 MiB (1x the peak live, whole granules): each
+    # first request wants a 20 MiB segment; device 0 fails first.
+    assert r.oom is not None and (r.oom.event, r.oom.device) == (0, 0)
+    assert r.capacity == 6 * MIB  # the larger device's
+
+
+@pytest.fixture(scope="module")
+def synthetic(tmp_path_factory: pytest.TempPathFactory) -> List[str]:
+    return bench.write_synthetic(str(tmp_path_factory.mktemp("syn")),
+                                 scale=0.05)
+
+
+def test_capped_policies_that_fit_behave_as_uncapped(
+        synthetic: List[str]) -> None:
+    """replay() skips the capped run of a policy whose uncapped peak fits:
+    replaying it under exactly its uncapped peak must change nothing."""
+    for path in synthetic:
+        trace = tracefile.read_trace(path)
+        for policy in replay.policy_names():
+            free_run = replay.replay(trace, policy, timing=False)
+            options = _core.PolicyOptions()
+            options.capacity = max(free_run.peak_reserved, 2 * MIB)
+            capped = _core.replay(trace.core, policy, options, 0, 0, False,
+                                  0)
+            assert capped["oom"] is None, (path, policy)
+            assert capped["peak_reserved"] == free_run.peak_reserved
+            assert capped["calls"] == free_run.calls
+
+
+def test_every_policy_keeps_its_invariants(synthetic: List[str]) -> None:
+    for path in synthetic:
+        trace = tracefile.read_trace(path)
+        for policy in replay.policy_names():
+            r = replay.replay(trace, policy, capacity="1.05x",
+                              check_every=101)
+            assert r.peak_reserved >= r.peak_live
+            assert 0 < r.utilisation <= 1
+
+
+def test_loads_and_replays_a_million_events_in_seconds(
+        tmp_path: pathlib.Path) -> None:
+    path = tmp_path / "big.jsonl.gz"
+    with TraceWriter(path, "big", source="synthetic") as w:
+        rng = __import__("random").Random(3)
+        live: List[int] = []
+        nid = 0
+        while w.events < 1_000_000:
+            if live and (len(live) > 300 or rng.random() < 0.5):
+                w.free(live.pop(rng.randrange(len(live))))
+            else:
+                nid += 1
+                w.alloc(nid, rng.randrange(1, 64 * MIB))
+                live.append(nid)
+    import time
+    start = time.perf_counter()
+    trace = tracefile.read_trace(path)
+    load = time.perf_counter() - start
+    assert len(trace) == 1_000_000
+    assert load < 5
+    for policy in ("bfc", "torch"):
+        r = replay.replay(trace, policy, timing=True)
+        assert r.events_per_s > 1e6, (policy, r.events_per_s)
