@@ -380,13 +380,14 @@ def _train(args: argparse.Namespace, setup: Setup, model: LM,
 
     # -- state: fresh, restored, or (LoRA) a base model plus new adapters --
     key = jax.random.PRNGKey(args.seed)
-    frozen = init_frozen(key)
     if setup.base_params is not None:
-        frozen = _load_base(frozen, setup.base_params, mesh, f_specs, rec)
-    trainable = init_train(key)
-    opt_state = opt_init(trainable)
+        frozen = _load_base(pick(shapes, frozen_names), setup.base_params,
+                            mesh, f_specs, rec)
+    else:
+        frozen = init_frozen(key)
     start = 0
     manager = None
+    restore_step = None
     if args.ckpt_dir:
         manager = _checkpoints(args.ckpt_dir, args.ckpt_every)
         restore_step = args.resume_step
@@ -397,12 +398,27 @@ def _train(args: argparse.Namespace, setup: Setup, model: LM,
                 f"error: --resume-step {restore_step} is not in "
                 f"{args.ckpt_dir}: saved steps are "
                 f"{sorted(manager.all_steps()) or 'none'}")
-        if restore_step is not None:
-            trainable, opt_state = _restore(manager, restore_step, trainable,
-                                            opt_state, rec)
-            start = restore_step
-            if setup.is_main:
-                print(f"resumed from step {start} in {args.ckpt_dir}")
+    if restore_step is None:
+        trainable = init_train(key)
+        opt_state = opt_init(trainable)
+    else:
+        # Restored straight into place: nothing is initialised first.
+        def target(shapes_tree: Any, specs_tree: Any) -> Any:
+            def one(spec: Any, s: Any) -> Any:
+                sharding = (jax.sharding.NamedSharding(mesh, spec)
+                            if mesh is not None else
+                            jax.sharding.SingleDeviceSharding(
+                                jax.devices()[0]))
+                return jax.ShapeDtypeStruct(s.shape, s.dtype,
+                                            sharding=sharding)
+            return jax.tree.map(one, specs_tree, shapes_tree,
+                                is_leaf=lambda x: isinstance(x, P))
+        trainable, opt_state = _restore(
+            manager, restore_step, target(pick(shapes, train_names), t_specs),
+            target(opt_shapes, opt_specs), rec)
+        start = restore_step
+        if setup.is_main:
+            print(f"resumed from step {start} in {args.ckpt_dir}")
 
     data = corpus(setup.corpus)
     split = int(len(data) * 0.95)
@@ -508,12 +524,11 @@ def _save(manager: Any, step: int, trainable: Any, opt_state: Any) -> None:
         {"params": trainable, "opt_state": opt_state}))
 
 
-def _restore(manager: Any, step: int, trainable: Any, opt_state: Any,
+def _restore(manager: Any, step: int, params: Any, opt_state: Any,
              rec: Any) -> Tuple[Any, Any]:
+    """Restores a step into arrays of the given shapes and shardings."""
     import orbax.checkpoint as ocp
-    target = jax.tree.map(
-        lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=x.sharding),
-        {"params": trainable, "opt_state": opt_state})
+    target = {"params": params, "opt_state": opt_state}
     state = manager.restore(step, args=ocp.args.StandardRestore(target))
     if rec is not None:
         rec.register(state["params"], "param")

@@ -4,7 +4,7 @@ Private: use the package jaxlake. tests/test_api.py checks these stubs
 against the module (names and parameters).
 """
 
-from typing import Any
+from typing import Any, overload
 
 def gauge_names() -> list[tuple[str, str]]:
     """(name, doc) of every gauge, in declaration order."""
@@ -45,8 +45,12 @@ class LakeOptions:
 class Lake:
     """A lake over its own driver stack."""
 
+    @overload
     def __init__(self, backend: str, granularity: int, device_memory: int,
                  options: LakeOptions) -> None: ...
+    @overload
+    def __init__(self, driver_path: str, device: int, options: LakeOptions,
+                 capacity_fraction: float) -> None: ...
     def allocate(self, nbytes: int, stream: int) -> tuple[str, int, str]: ...
     def free(self, address: int, stream: int) -> str: ...
     def allocation_size(self, address: int) -> int: ...

@@ -336,10 +336,15 @@ def test_unknown_backend() -> None:
     assert "host, sim, cuda" in message
 
 
-def test_cuda_backend_is_not_built_yet() -> None:
+def test_cuda_backend_without_driver_says_why(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("JAXLAKE_REAL_LIBCUDA", "/nonexistent/libcuda.so.1")
     with pytest.raises(jaxlake.ConfigurationError,
-                       match="cuda.*XLA-integration build"):
+                       match="backend 'cuda' needs the CUDA driver: "
+                             "JAXLAKE_REAL_LIBCUDA"):
         jaxlake.Lake("cuda")
+    with pytest.raises(jaxlake.ConfigurationError, match="host and sim"):
+        jaxlake.Lake("cuda", granularity="2MiB")
 
 
 def test_capacity_below_one_chunk(backend: str) -> None:

@@ -16,10 +16,16 @@ from typing import Any, List
 
 import pytest
 
-os.environ.setdefault("JAX_PLATFORMS", "cpu")
 jax = pytest.importorskip(
     "jax", reason="the recorder needs jax (pip install 'jaxlake[examples]')")
 import jax.numpy as jnp  # noqa: E402
+from jax._src import xla_bridge  # noqa: E402
+
+# On the CPU: the CUDA plugin then skips its driver checks and stays
+# registered for device-less compilation (jax may have been imported by
+# another test module already, so the variable alone can come too late).
+if not xla_bridge.backends_are_initialized():
+    jax.config.update("jax_platforms", "cpu")
 import numpy as np  # noqa: E402
 
 from jaxlake._src import recorder  # noqa: E402

@@ -367,3 +367,24 @@ def test_capacity_fraction_applies_to_the_device(fake_driver: str) -> None:
     cap, total = map(int, result.stdout.split("CAP ")[1].split())
     chunk = 2 << 20
     assert cap == int(total * 0.25) // chunk * chunk
+
+
+def test_lake_cuda_backend_over_fake_driver(fake_driver: str) -> None:
+    result = run_python("""
+        import jaxlake
+        lake = jaxlake.Lake("cuda", capacity=0.5, device=0)
+        blocks = [lake.allocate(8 << 20) for _ in range(8)]
+        for b in blocks[::2]:
+            lake.free(b)
+        big, state = lake.allocate_with_state(24 << 20)
+        lake.check()
+        print("STATE", state, lake.backend, lake.capacity,
+              lake.stats().bytes_reserved)
+        try:
+            jaxlake.Lake("cuda", device=99)
+        except jaxlake.ConfigurationError as e:
+            print("RAISED", e)
+    """, {"JAXLAKE_REAL_LIBCUDA": fake_driver})
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "STATE stitch cuda" in result.stdout
+    assert "RAISED backend 'cuda', device 99" in result.stdout

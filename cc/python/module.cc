@@ -12,6 +12,7 @@
 #include <nanobind/stl/tuple.h>
 #include <nanobind/stl/vector.h>
 
+#include <algorithm>
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -22,6 +23,7 @@
 
 #include "cc/lake/lake.h"
 #include "cc/stats/stats.h"
+#include "cc/vmm/cuda_driver.h"
 #include "cc/vmm/driver.h"
 #include "cc/vmm/faulty_driver.h"
 #include "cc/vmm/host_driver.h"
@@ -96,8 +98,29 @@ class PyLake {
     std::string error;
     driver_ = vmm::MakeDriver(backend, sim, &error);
     if (!driver_) throw nb::value_error(error.c_str());
+    Init(options, 0.0);
+  }
+
+  // The cuda backend: device `ordinal` of the real driver at `driver_path`.
+  // A capacity_fraction in (0, 1] sets the capacity from the device memory.
+  PyLake(const std::string& driver_path, int ordinal,
+         const LakeOptions& options, double capacity_fraction) {
+    std::string error;
+    auto lib = vmm::CudaLibrary::Open(driver_path, &error);
+    if (lib != nullptr) driver_ = vmm::CudaDriver::Create(lib, ordinal, &error);
+    if (!driver_) throw nb::value_error(error.c_str());
+    Init(options, capacity_fraction);
+  }
+
+  void Init(LakeOptions options, double capacity_fraction) {
     faulty_ = std::make_unique<vmm::FaultyDriver>(*driver_);
-    error = ValidateOptions(options, *faulty_);
+    if (capacity_fraction > 0.0) {
+      const std::size_t gran = faulty_->granularity();
+      const auto share = static_cast<std::size_t>(
+          static_cast<double>(faulty_->total_memory()) * capacity_fraction);
+      options.capacity = std::max(gran, share / gran * gran);
+    }
+    const std::string error = ValidateOptions(options, *faulty_);
     if (!error.empty()) throw nb::value_error(error.c_str());
     lake_ = std::make_unique<Lake>(*faulty_, options);
   }
@@ -266,6 +289,8 @@ NB_MODULE(_core, m) {
       .def(nb::init<const std::string&, std::size_t, std::size_t,
                     const LakeOptions&>(),
            "backend"_a, "granularity"_a, "device_memory"_a, "options"_a)
+      .def(nb::init<const std::string&, int, const LakeOptions&, double>(),
+           "driver_path"_a, "device"_a, "options"_a, "capacity_fraction"_a)
       .def("allocate", &PyLake::allocate, "nbytes"_a, "stream"_a)
       .def("free", &PyLake::free, "address"_a, "stream"_a)
       .def("allocation_size", &PyLake::allocation_size, "address"_a)

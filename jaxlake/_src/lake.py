@@ -82,7 +82,10 @@ class Lake:
     """A stitching allocator over one backend.
 
     backend: "host" (real memory, memfd mappings), "sim" (address-only
-    bookkeeping, for large simulated devices) or "cuda" (not built yet).
+    bookkeeping, for large simulated devices) or "cuda" (device `device`
+    of the real CUDA driver, found as jaxlake.configure() finds it; its
+    addresses are device memory, usable from CUDA kernels, not from
+    Python). To serve JAX's own buffers use jaxlake.configure() instead.
     capacity and every other keyword argument are options of the option
     table (`jaxlake options` lists them); JAXLAKE_<NAME> environment
     variables set those not given. All methods may be called from several
@@ -90,12 +93,10 @@ class Lake:
     """
 
     def __init__(self, backend: str = "host", capacity: CapacityLike = None,
-                 **options: object) -> None:
+                 device: int = 0, **options: object) -> None:
         if backend == "cuda":
-            raise errors.ConfigurationError(
-                "backend 'cuda' needs the XLA-integration build of jaxlake, "
-                "which is not built yet; this build has the backends: "
-                + ", ".join(_core.backend_names()))
+            self._init_cuda(capacity, device, options)
+            return
         known = list(_core.backend_names())
         if not isinstance(backend, str) or backend not in known:
             close = difflib.get_close_matches(str(backend), known + ["cuda"],
@@ -123,6 +124,41 @@ class Lake:
         settings["device_memory"] = device_memory
         self._settings: Mapping[str, OptionValue] = \
             types.MappingProxyType(settings)
+
+    def _init_cuda(self, capacity: CapacityLike, device: int,
+                   options: Mapping[str, object]) -> None:
+        from jaxlake._src import xla  # the driver search lives there
+        for name in ("granularity", "device_memory"):
+            if options.get(name) is not None:
+                raise errors.ConfigurationError(
+                    f"option {name!r} belongs to the host and sim backends; "
+                    "the cuda backend takes both from the device")
+        if isinstance(device, bool) or not isinstance(device, int) \
+                or device < 0:
+            raise errors.ConfigurationError(
+                f"device {device!r} is invalid: expected a device ordinal, "
+                "an int >= 0")
+        settings = dict(resolve_options({"capacity": capacity, **options}))
+        path, why = xla.find_real_driver()
+        if path is None:
+            raise errors.ConfigurationError(
+                f"backend 'cuda' needs the CUDA driver: {why}")
+        core_options = _core.LakeOptions()
+        for option in OPTIONS:
+            if option.lake and option.name != "capacity":
+                setattr(core_options, option.name, settings[option.name])
+        cap = settings["capacity"]
+        fraction = float(cap) if isinstance(cap, float) else 0.0
+        core_options.capacity = 0 if cap is None or fraction else int(cap)
+        try:
+            self._core = _core.Lake(path, device, core_options, fraction)
+        except ValueError as e:
+            raise errors.ConfigurationError(
+                f"backend 'cuda', device {device}: {e}") from None
+        settings["granularity"] = self._core.granularity
+        settings["device_memory"] = self._core.total_memory
+        settings["capacity"] = self._core.capacity
+        self._settings = types.MappingProxyType(settings)
 
     # -- allocation ---------------------------------------------------------
 

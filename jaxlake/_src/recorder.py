@@ -123,7 +123,10 @@ def gpu_devices(count: int, target: str = DEFAULT_TARGET) -> List[Any]:
                 f"{type(e).__name__}: {e}. The recorder needs "
                 "jax-cuda12-plugin and jax-cuda12-pjrt of the same version "
                 "as jaxlib (pip install 'jaxlake[examples]'); no GPU or "
-                "driver is needed") from None
+                "driver is needed, but without one JAX_PLATFORMS=cpu (or "
+                "jax.config.update('jax_platforms', 'cpu')) must be set "
+                "before jax starts, or the CUDA plugin fails its driver "
+                "check and is not loaded") from None
         _TOPOLOGIES[key] = list(topo.devices)
     return _TOPOLOGIES[key]
 
