@@ -28,8 +28,12 @@ import optax  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from _data import Batches, corpus  # noqa: E402
-from _model import (LAYOUTS, LM, PRESETS, REMAT_POLICIES,  # noqa: E402,F401
+from _model import (LAYOUTS, LM, PRESETS, REMAT_POLICIES,  # noqa: E402
                     ModelConfig, flatten, is_lora, loss_fn, param_spec)
+
+#: What the example scripts use.
+__all__ = ["LAYOUTS", "PRESETS", "Setup", "add_args", "check_args",
+           "load_params", "positive_int", "train"]
 
 
 # -- command line ------------------------------------------------------------

@@ -19,8 +19,9 @@ read both sides, without running either tool, and fail when they differ:
   folder, and each Bazel cc_test is a CMake test; a folder with no BUILD
   file at all is reported as a skip;
 - every header under cc/ belongs to a Bazel target of its folder;
-- the BUILD files carry one set of compile flags (JAXLAKE_COPTS), and every
-  target that compiles the project's .cc files starts its copts with it.
+- the BUILD files take one set of compile flags (JAXLAKE_COPTS, from
+  //:copts.bzl), and every target that compiles the project's .cc files
+  starts its copts with it.
 
 A BUILD file is Starlark, which for these files is Python: it is executed with
 stand-ins for load(), select(), glob() and the rules, which record what they
@@ -181,7 +182,7 @@ class _Namespace(dict):
         super().__init__()
         self._package = package
         self._rules = rules
-        self["load"] = lambda *args, **kwargs: None
+        self["load"] = self._load
         self["package"] = lambda **kwargs: None
         self["licenses"] = lambda *args, **kwargs: None
         self["select"] = lambda branches, **kwargs: Select([dict(branches)])
@@ -197,6 +198,19 @@ class _Namespace(dict):
             self._rules.append(Rule(key, self._package, attrs))
 
         return rule
+
+    def _load(self, label: str, *names: str, **aliases: str) -> None:
+        """Runs a .bzl file of the project and binds the names it exports;
+        loads from other repositories (rules_cc, ...) bind nothing."""
+        if not label.startswith("//"):
+            return
+        path = ROOT / label_to_path(self._package, label)
+        module = _Namespace(self._package, self._rules)
+        exec(compile(path.read_text(), str(path), "exec"), module)
+        for name in names:
+            self[name] = module[name]
+        for alias, name in aliases.items():
+            self[alias] = module[name]
 
     def _glob(self, include: List[str], exclude: Sequence[str] = (), **kwargs: Any) -> List[str]:
         base = ROOT / self._package

@@ -240,3 +240,26 @@ def test_per_tensor_needs_flags_before_jax_starts(tmp_path: Path) -> None:
         pytest.skip("dumps were turned on earlier in this process")
     with pytest.raises(recorder.RecorderError, match="before the first jax"):
         recorder.Recorder(str(tmp_path / "x.jsonl"), "x", per_tensor=True)
+
+
+def test_bundled_suite_is_what_build_py_lists() -> None:
+    import importlib.util
+    folder = Path(__file__).resolve().parents[1] / "benchmarks" / "traces"
+    spec = importlib.util.spec_from_file_location("suite_build",
+                                                  folder / "build.py")
+    assert spec is not None and spec.loader is not None
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    names = {s.name for s in build.SUITE}
+    files = {p.name[:-len(".jsonl.gz")] for p in folder.glob("*.jsonl.gz")}
+    assert names == files
+    total = 0
+    for name in sorted(names):
+        path = folder / f"{name}.jsonl.gz"
+        total += path.stat().st_size
+        trace = read_trace(path)
+        assert trace.name == name and trace.source == "recorder"
+        assert trace.meta["target"] == "h100_sxm"
+    assert total < 4 << 20  # the suite stays a few MB at most
+    big = [read_trace(folder / f"{n}.jsonl.gz").meta for n in names]
+    assert max(m["params"] for m in big) >= 10**9
