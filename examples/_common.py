@@ -1,23 +1,12 @@
 """jaxlake's hooks for the examples: configure() first, memory_report() last.
 
-This is the one place that copes with a jaxlake that has no configure() or
-memory_report() yet (they come with the XLA integration): it reports the
-lake inactive with the reason. When every supported jaxlake has them, the
-getattr fallbacks below can go.
-
 Imports nothing from jax: configure() must run before jax starts.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Dict, List, Optional
-
-
-class _Inactive:
-    active = False
-
-    def __init__(self, reason: str) -> None:
-        self.reason = reason
 
 
 def _options(pairs: List[str]) -> Dict[str, str]:
@@ -36,28 +25,28 @@ def start(enabled: bool, option_pairs: Optional[List[str]] = None) -> Any:
     (or None when disabled) after printing why the lake is inactive."""
     if not enabled:
         return None
-    options = _options(option_pairs or [])
-    try:
-        import jaxlake
-    except ImportError as e:
-        status: Any = _Inactive(f"jaxlake is not installed ({e})")
-    else:
-        configure = getattr(jaxlake, "configure", None)
-        if configure is None:
-            status = _Inactive("this jaxlake has no configure() yet")
-        else:
-            status = configure(**options)
-    if not getattr(status, "active", False):
-        print(f"jaxlake: lake inactive: {getattr(status, 'reason', '?')}",
-              flush=True)
+    import jaxlake
+    status = jaxlake.configure(**_options(option_pairs or []))
+    if not status.active:
+        print(f"jaxlake: lake inactive: {status.reason}", flush=True)
     return status
 
 
-def finish(status: Any) -> None:
-    """Prints jaxlake.memory_report() when the lake was active."""
-    if status is None or not getattr(status, "active", False):
-        return
-    import jaxlake
-    report = getattr(jaxlake, "memory_report", None)
-    if report is not None:
-        print(report(), flush=True)
+def finish(status: Any, log_json: Optional[str] = None) -> None:
+    """Prints jaxlake.memory_report() when the lake was active; with
+    `log_json`, appends a summary record of device 0's memory: XLA's own
+    memory_stats() and, with the lake, jaxlake.stats()."""
+    active = status is not None and status.active
+    if active:
+        import jaxlake
+        print(jaxlake.memory_report(), flush=True)
+    if log_json:
+        import jax
+        record: Dict[str, Any] = {
+            "summary": True, "lake": active,
+            "memory_stats": jax.devices()[0].memory_stats()}
+        if active:
+            import jaxlake
+            record["jaxlake"] = jaxlake.stats().as_dict()
+        with open(log_json, "a", encoding="utf-8") as f:
+            f.write(json.dumps(record, default=str) + "\n")

@@ -46,7 +46,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = _lm.train(args, _lm.Setup())
     if "trace" in summary:
         print(summary["trace"])
-    _common.finish(status)
+    _common.finish(status, args.log_json)
     return 0
 
 
