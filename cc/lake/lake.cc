@@ -672,11 +672,18 @@ struct Lake::Impl {
     return a;
   }
 
+  // Cached ranges large enough for a request whose chunks are checked, most
+  // recently freed first: a bound on the cost of a miss (a training step
+  // reuses the ranges its previous step freed, which come first).
+  static constexpr int kReuseCandidates = 8;
+
   bool TryReuse(std::uint32_t n, Stream s, std::size_t size,
                 std::uintptr_t* addr) {
+    int candidates = 0;
     for (auto it = lru.begin(); it != lru.end(); ++it) {
       Stitched& r = stitched.at(*it);
       if (r.nchunks < n) continue;
+      if (++candidates > kReuseCandidates) break;
       // Reusing the range's VA from another stream needs its last use done.
       if (!Usable(r.tag, s)) continue;
       bool ok = true;
