@@ -18,6 +18,8 @@ from jaxlake._src.options import Option
 from jaxlake._src.options import option_table
 from jaxlake._src.options import parse_size
 from jaxlake._src.options import resolve_options
+from jaxlake._src.recorder import Recorder
+from jaxlake._src.recorder import RecorderError
 from jaxlake._src.stats import Stats
 from jaxlake._src.xla import Status
 from jaxlake._src.xla import configure
@@ -39,6 +41,8 @@ __all__ = [
     "Lake",
     "Option",
     "OutOfMemoryError",
+    "Recorder",
+    "RecorderError",
     "Stats",
     "Status",
     "TraceEvent",

@@ -22,6 +22,8 @@ def test_public_names_are_pinned() -> None:
         "Lake",
         "Option",
         "OutOfMemoryError",
+        "Recorder",
+        "RecorderError",
         "Stats",
         "Status",
         "TraceEvent",
