@@ -581,7 +581,12 @@ struct Lake::Impl {
   }
 
   // Drops cached stitched ranges, oldest first, while `keep` is exceeded.
+  // A range is unmapped only once its last use is complete. Frees on one
+  // stream record no events by themselves, so when no cached range is known
+  // to be safe, the streams' events are advanced (recorded and queried,
+  // never waited for) once before giving up.
   void TrimCache(std::unique_lock<std::mutex>& lk, std::size_t keep) {
+    bool advanced = false;
     while (lru.size() > keep) {
       std::uint64_t victim = 0;
       for (auto it = lru.rbegin(); it != lru.rend(); ++it)
@@ -589,7 +594,11 @@ struct Lake::Impl {
           victim = *it;
           break;
         }
-      if (victim == 0) return;  // all still in flight
+      if (victim == 0) {
+        if (advanced || !AdvanceStreams()) return;  // all still in flight
+        advanced = true;
+        continue;
+      }
       DropStitched(lk, victim);
     }
   }

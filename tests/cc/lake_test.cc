@@ -434,6 +434,32 @@ TEST(concurrent_threads_keep_invariants) {
   CHECK_EQ(lake.stats().bytes_in_use.current, 0);
 }
 
+// Frees on one stream record no events, yet the stitch cache must stay
+// bounded: trimming advances the stream's event.
+TEST(stitch_cache_stays_bounded_on_one_stream) {
+  jaxlake::vmm::SimDriver drv(Small(std::size_t{1} << 30));
+  LakeOptions o = Capped(std::size_t{1} << 30);
+  o.stitch_cache = 4;
+  Lake lake(drv, o);
+  std::vector<std::uintptr_t> keep;
+  for (int round = 0; round < 20; ++round) {
+    // Fragment: alternate live and free 2 MiB blocks, then stitch.
+    std::vector<std::uintptr_t> blocks;
+    for (int i = 0; i < 6; ++i) blocks.push_back(Alloc(lake, 2 * kMiB));
+    for (int i = 0; i < 6; i += 2) CHECK(lake.free(blocks[i], 0) == Status::kOk);
+    for (int i = 1; i < 6; i += 2) keep.push_back(blocks[i]);
+    AllocState how{};
+    auto big = Alloc(lake, 6 * kMiB + static_cast<std::size_t>(round), &how);
+    CHECK(how == AllocState::stitch || how == AllocState::stitch_reuse ||
+          how == AllocState::stitch_grow);
+    CHECK(lake.free(big, 0) == Status::kOk);
+  }
+  const auto st = lake.stats();
+  CHECK(st.stitch_evictions > 0u);
+  CHECK(st.stitched_bytes.current <= static_cast<std::int64_t>(4 * 8 * kMiB));
+  CHECK_EQ(lake.check(), std::string());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) { return jaxlake::check::RunAll(argc, argv); }
