@@ -258,6 +258,16 @@ class Builder {
     return true;
   }
 
+  // Problem() for a line that failed to parse; `complete` is false for the
+  // last line of a file that ends inside it.
+  bool LineProblem(std::uint32_t line, bool complete,
+                   const std::string& reason) {
+    if (!complete)
+      return Problem(line, "truncated line (the file ends inside it): " +
+                               reason);
+    return Problem(line, reason);
+  }
+
   // Adds an event after the semantic checks; throws LineError on a problem.
   // has_t: whether the line gave a time; free_size: 0 when not given.
   void Add(TraceEvent e, bool has_t) {
@@ -466,10 +476,7 @@ void ParseJsonl(const char* data, std::size_t size, Trace* trace,
       }
       ParseEvent(b, e, n, builder);
     } catch (const LineError& err) {
-      if (!complete)
-        return builder->Problem(n, "truncated line (the file ends inside it): " +
-                                       err.reason);
-      return builder->Problem(n, err.reason);
+      return builder->LineProblem(n, complete, err.reason);
     }
     return true;
   });
@@ -658,10 +665,7 @@ void ParseCsv(const char* data, std::size_t size, Trace* trace,
       builder->Add(ev, has_t);
       last_t = trace->events.back().t;
     } catch (const LineError& err) {
-      if (!complete)
-        return builder->Problem(n, "truncated line (the file ends inside it): " +
-                                       err.reason);
-      return builder->Problem(n, err.reason);
+      return builder->LineProblem(n, complete, err.reason);
     }
     return true;
   });

@@ -178,6 +178,41 @@ def strip_xla_flags(environ: Optional[Dict[str, str]] = None
     return ours
 
 
+def resolve_settings(environ: Dict[str, str], options: Mapping[str, Any],
+                     trace: Optional[str], required: bool
+                     ) -> Tuple[Dict[str, Any], Optional[str], bool]:
+    """(lake options, trace path, required) from the keyword arguments,
+    then the `--jaxlake_*` entries of XLA_FLAGS (removed from `environ`),
+    then the JAXLAKE_* variables of `environ`. Raises ConfigurationError
+    naming a bad option, entry or value."""
+    flags = strip_xla_flags(environ)
+    flags.pop("enable", None)
+    if "trace" in flags:
+        value = flags.pop("trace")
+        trace = trace if trace is not None else value
+    if "required" in flags:
+        required = truthy(flags.pop("required")) or required
+    for name in flags:
+        if name not in LAKE_OPTIONS:
+            raise ConfigurationError(
+                f"XLA_FLAGS entry --jaxlake_{name}: "
+                + str(_options.unknown_option_error(name)))
+    for name in options:
+        if name not in LAKE_OPTIONS:
+            raise _options.unknown_option_error(name) if \
+                name not in _options._BY_NAME else ConfigurationError(
+                    f"option {name!r} belongs to the host and sim "
+                    "backends; configure() takes: "
+                    + ", ".join(LAKE_OPTIONS))
+    merged: Dict[str, Any] = {**flags, **{k: v for k, v in options.items()
+                                          if v is not None}}
+    resolved = _options.resolve_options(merged, environ)
+    resolved = {k: v for k, v in resolved.items() if k in LAKE_OPTIONS}
+    if trace is None:
+        trace = environ.get(TRACE_ENV) or None
+    return resolved, trace, required
+
+
 # -- the shim -----------------------------------------------------------------
 
 
@@ -373,33 +408,10 @@ def configure(*, required: bool = False, trace: Optional[str] = None,
     inactive lake raises ConfigurationError instead. Calling it again with
     the same options returns the same status; with other options it raises.
     """
-    global _configured, _shim
+    global _configured
     with _lock:
-        flags = strip_xla_flags()
-        flags.pop("enable", None)
-        for name, value in flags.items():
-            if name == "trace":
-                trace = trace if trace is not None else value
-            elif name == "required":
-                required = required or truthy(value)
-            elif name not in LAKE_OPTIONS:
-                raise ConfigurationError(
-                    f"XLA_FLAGS entry --jaxlake_{name}: "
-                    + str(_options.unknown_option_error(name)))
-        for name in options:
-            if name not in LAKE_OPTIONS:
-                raise _options.unknown_option_error(name) if \
-                    name not in _options._BY_NAME else ConfigurationError(
-                        f"option {name!r} belongs to the host and sim "
-                        "backends; configure() takes: "
-                        + ", ".join(LAKE_OPTIONS))
-        merged: Dict[str, Any] = {**flags, **{k: v for k, v in
-                                              options.items()
-                                              if v is not None}}
-        resolved = _options.resolve_options(merged)
-        resolved = {k: v for k, v in resolved.items() if k in LAKE_OPTIONS}
-        if trace is None:
-            trace = os.environ.get(TRACE_ENV) or None
+        resolved, trace, required = resolve_settings(
+            os.environ, options, trace, required)
         key = tuple(sorted(resolved.items())) + (("trace", trace),)
         if _configured is not None:
             if _configured[0] == key:
@@ -426,7 +438,7 @@ def _configure(resolved: Dict[str, Any], trace: Optional[str]) -> Status:
             "fine), or start the program with `jaxlake run` or JAXLAKE=1")
     shim = _already_loaded_shim()
     if shim is None:
-        real = [p for p in loaded_drivers()]
+        real = loaded_drivers()
         if real:
             raise ConfigurationError(
                 f"the CUDA driver ({real[0]}) is already loaded in this "

@@ -9,7 +9,6 @@ import sys
 from importlib import metadata
 from typing import Any, Dict, List, Optional, TextIO
 
-from jaxlake._src import options as _options
 from jaxlake._src import xla
 from jaxlake._src.errors import ConfigurationError
 
@@ -46,18 +45,7 @@ def run_environment(environ: Dict[str, str], trace: Optional[str]
     """The environment `jaxlake run` gives the program. Raises
     ConfigurationError for a bad option or when no driver is found."""
     env = dict(environ)
-    flags = xla.strip_xla_flags(env)
-    flags.pop("enable", None)
-    if "trace" in flags:
-        trace = trace or flags.pop("trace")
-    flags.pop("required", None)
-    unknown = [n for n in flags if n not in xla.LAKE_OPTIONS]
-    if unknown:
-        raise ConfigurationError(
-            f"XLA_FLAGS entry --jaxlake_{unknown[0]}: "
-            + str(_options.unknown_option_error(unknown[0])))
-    resolved = _options.resolve_options(flags, env)
-    resolved = {k: v for k, v in resolved.items() if k in xla.LAKE_OPTIONS}
+    resolved, trace, _ = xla.resolve_settings(env, {}, trace, False)
     driver, why = xla.find_real_driver(env)
     if driver is None:
         raise ConfigurationError(why)
