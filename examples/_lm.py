@@ -3,7 +3,7 @@
 The model is in _model.py, the text in _data.py. optax adamw with warm-up
 plus cosine decay and gradient clipping, gradient accumulation, sequence
 buckets, interleaved evaluation, orbax checkpoints, and the trace recorder
-(jaxlake/_src/recorder.py) behind --trace.
+(jaxlake/_src/trace/recorder.py) behind --trace.
 """
 
 from __future__ import annotations
@@ -266,7 +266,7 @@ def train(args: argparse.Namespace, setup: Setup) -> Dict[str, Any]:
 
     rec = None
     if args.trace and setup.is_main:
-        from jaxlake._src.recorder import Recorder
+        from jaxlake._src.trace.recorder import Recorder
         meta = {"example": os.path.basename(sys.argv[0]), "preset":
                 args.preset, "params": cfg.params(), "remat": args.remat,
                 "dtype": args.dtype, "batch": args.batch, "seq_lens":

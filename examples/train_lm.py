@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
     _lm.check_args(p, args)
     status = _common.start(args.jaxlake, args.jaxlake_option)
     if args.trace_per_tensor:
-        from jaxlake._src.recorder import enable_per_tensor_dumps
+        from jaxlake._src.trace.recorder import enable_per_tensor_dumps
         enable_per_tensor_dumps()
     summary = _lm.train(args, _lm.Setup())
     if "trace" in summary:

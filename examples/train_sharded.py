@@ -86,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
             f"{flags} --xla_force_host_platform_device_count="
             f"{args.cpu_devices}").strip()
     if args.trace_per_tensor and args.process_id == 0:
-        from jaxlake._src.recorder import enable_per_tensor_dumps
+        from jaxlake._src.trace.recorder import enable_per_tensor_dumps
         enable_per_tensor_dumps()
     import jax
     import numpy as np

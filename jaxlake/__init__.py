@@ -12,23 +12,23 @@ from jaxlake._src.errors import DriverError
 from jaxlake._src.errors import InvariantError
 from jaxlake._src.errors import JaxlakeError
 from jaxlake._src.errors import OutOfMemoryError
-from jaxlake._src.lake import Lake
-from jaxlake._src.lake import TraceEvent
+from jaxlake._src.core.lake import Lake
+from jaxlake._src.core.lake import TraceEvent
 from jaxlake._src.options import Option
 from jaxlake._src.options import option_table
 from jaxlake._src.options import parse_size
 from jaxlake._src.options import resolve_options
-from jaxlake._src.recorder import Recorder
-from jaxlake._src.recorder import RecorderError
-from jaxlake._src.stats import Stats
-from jaxlake._src.xla import Status
-from jaxlake._src.xla import configure
-from jaxlake._src.xla import empty_cache
-from jaxlake._src.xla import hook_counts
-from jaxlake._src.xla import memory_report
-from jaxlake._src.xla import stats
-from jaxlake._src.xla import status
-from jaxlake._src.xla import trace
+from jaxlake._src.trace.recorder import Recorder
+from jaxlake._src.trace.recorder import RecorderError
+from jaxlake._src.core.stats import Stats
+from jaxlake._src.xla.integration import Status
+from jaxlake._src.xla.integration import configure
+from jaxlake._src.xla.integration import empty_cache
+from jaxlake._src.xla.integration import hook_counts
+from jaxlake._src.xla.integration import memory_report
+from jaxlake._src.xla.integration import stats
+from jaxlake._src.xla.integration import status
+from jaxlake._src.xla.integration import trace
 
 __version__: str = _metadata.version("jaxlake")
 

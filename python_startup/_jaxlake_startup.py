@@ -1,7 +1,7 @@
 """jaxlake's start-up hook, imported by jaxlake.pth at interpreter start.
 
 Inert unless JAXLAKE is set to a true value (1/true/on/yes) or XLA_FLAGS has
-a --jaxlake entry; see jaxlake/_src/startup.py. It never stops the
+a --jaxlake entry; see jaxlake/_src/xla/startup.py. It never stops the
 interpreter from starting, unless JAXLAKE_REQUIRED=1 asks for that.
 """
 import os as _os
@@ -9,7 +9,7 @@ import os as _os
 if (_os.environ.get("JAXLAKE", "").strip().lower() in ("1", "true", "on", "yes")
         or "--jaxlake" in _os.environ.get("XLA_FLAGS", "")):
     try:
-        from jaxlake._src.startup import run as _run
+        from jaxlake._src.xla.startup import run as _run
         _run()
     except SystemExit:
         raise

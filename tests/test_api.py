@@ -9,7 +9,8 @@ from typing import Dict, List
 
 import jaxlake
 from jaxlake import _core
-from jaxlake._src import errors, options
+from jaxlake._src import errors
+from jaxlake._src import options
 
 
 def test_public_names_are_pinned() -> None:

@@ -14,8 +14,10 @@ from typing import List, Tuple
 
 import pytest
 
-from jaxlake._src import bench, bench_cli, tracefile
-from jaxlake._src.tracefile import TraceWriter
+from jaxlake._src.bench import suite as bench
+from jaxlake._src.bench import cli as bench_cli
+from jaxlake._src.trace import tracefile
+from jaxlake._src.trace.tracefile import TraceWriter
 
 MIB = 1 << 20
 

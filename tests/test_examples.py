@@ -119,7 +119,7 @@ def test_resume_reproduces_the_loss(trained: Dict[str, Path],
 
 
 def test_trace_is_what_replay_reads(trained: Dict[str, Path]) -> None:
-    from jaxlake._src.tracefile import read_trace
+    from jaxlake._src.trace.tracefile import read_trace
     trace = read_trace(trained["trace"])
     assert trace.source == "recorder"
     assert trace.meta["preset"] == "tiny"

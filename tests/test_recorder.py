@@ -28,8 +28,8 @@ if not xla_bridge.backends_are_initialized():
     jax.config.update("jax_platforms", "cpu")
 import numpy as np  # noqa: E402
 
-from jaxlake._src import recorder  # noqa: E402
-from jaxlake._src.tracefile import read_trace  # noqa: E402
+from jaxlake._src.trace import recorder  # noqa: E402
+from jaxlake._src.trace.tracefile import read_trace  # noqa: E402
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -210,7 +210,7 @@ def test_per_tensor_variant(tmp_path: Path) -> None:
     path = tmp_path / "pt.jsonl"
     script = textwrap.dedent(f"""
         import jax, jax.numpy as jnp, numpy as np
-        from jaxlake._src.recorder import Recorder
+        from jaxlake._src.trace.recorder import Recorder
         rec = Recorder({str(path)!r}, "pt", per_tensor=True)
         def step(w, x):
             g = jax.grad(lambda w: jnp.sum(jnp.tanh(jnp.tanh(x @ w) @ w)))(w)

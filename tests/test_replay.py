@@ -15,8 +15,10 @@ from typing import List
 import pytest
 
 from jaxlake import _core
-from jaxlake._src import bench, replay, tracefile
-from jaxlake._src.tracefile import TraceError, TraceWriter
+from jaxlake._src.bench import suite as bench
+from jaxlake._src.bench import replay
+from jaxlake._src.trace import tracefile
+from jaxlake._src.trace.tracefile import TraceError, TraceWriter
 
 MIB = 1 << 20
 

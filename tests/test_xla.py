@@ -19,8 +19,8 @@ from typing import Any, Dict, Optional
 import pytest
 
 import jaxlake
-from jaxlake._src import xla
-from jaxlake._src import xla_cli
+from jaxlake._src.xla import integration as xla
+from jaxlake._src.xla import cli as xla_cli
 
 jax = pytest.importorskip("jax", reason="the integration tests start JAX "
                           "on the CPU; pip install '.[test]' brings it")
@@ -167,7 +167,7 @@ def test_bad_xla_flags_entry_is_named() -> None:
 def test_startup_hook_is_inert_without_jaxlake() -> None:
     result = run_python("""
         import sys, os
-        print("LOADED", "jaxlake._src.xla" in sys.modules)
+        print("LOADED", "jaxlake._src.xla.integration" in sys.modules)
         print("FLAGS", os.environ.get("XLA_FLAGS"))
     """, {"XLA_FLAGS": "--xla_a=1"})
     assert "LOADED False" in result.stdout, result.stderr
@@ -178,7 +178,7 @@ def test_startup_hook_is_inert_without_jaxlake() -> None:
 def test_startup_hook_acts_with_jaxlake_1() -> None:
     result = run_python("""
         import sys, os
-        print("LOADED", "jaxlake._src.xla" in sys.modules)
+        print("LOADED", "jaxlake._src.xla.integration" in sys.modules)
         print("FLAGS", os.environ.get("XLA_FLAGS"))
         import jax
         print("SUM", float(jax.numpy.arange(3.0).sum()), len(jax.devices()))
@@ -197,7 +197,7 @@ def test_startup_hook_acts_with_jaxlake_1() -> None:
 def test_startup_hook_acts_on_xla_flags_alone() -> None:
     result = run_python("""
         import sys
-        print("LOADED", "jaxlake._src.xla" in sys.modules)
+        print("LOADED", "jaxlake._src.xla.integration" in sys.modules)
     """, {"XLA_FLAGS": "--jaxlake"})
     assert "LOADED True" in result.stdout, result.stderr
 
@@ -350,7 +350,7 @@ def test_capacity_fraction_applies_to_the_device(fake_driver: str) -> None:
     result = run_python("""
         import ctypes
         import jaxlake
-        from jaxlake._src import xla
+        from jaxlake._src.xla import integration as xla
         status = jaxlake.configure(capacity=0.25)
         assert status.active, status.reason
         cuda = ctypes.CDLL("libcuda.so.1")

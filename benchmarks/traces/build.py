@@ -5,7 +5,7 @@
     python benchmarks/traces/build.py --only 1b --jobs 2
 
 Each trace is one run of an example (examples/*.py) with --trace: run on
-the CPU, sized by a device-less H100 compile (see jaxlake/_src/recorder.py).
+the CPU, sized by a device-less H100 compile (see jaxlake/_src/trace/recorder.py).
 Models too big for the CPU (--compile-only) are compiled and not run. Needs
 the `examples` extra (pip install 'jaxlake[examples]'); no GPU.
 """

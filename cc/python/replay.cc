@@ -1,6 +1,6 @@
 // jaxlake._core: the trace and replay bindings (cc/replay), added to the
 // module by module.cc through BindReplay(). Private like the rest of
-// _core: jaxlake/_src/tracefile.py and replay.py wrap them.
+// _core: jaxlake/_src/trace/tracefile.py and replay.py wrap them.
 #include <nanobind/nanobind.h>
 #include <nanobind/stl/optional.h>
 #include <nanobind/stl/pair.h>

@@ -8,9 +8,9 @@ import sys
 import textwrap
 from typing import Callable, List, Optional, Sequence
 
-from jaxlake._src import bench_cli
-from jaxlake._src import demo
-from jaxlake._src import xla_cli
+from jaxlake._src.bench import cli as bench_cli
+from jaxlake._src.core import demo
+from jaxlake._src.xla import cli as xla_cli
 from jaxlake._src.options import OPTIONS, Option, format_size
 
 

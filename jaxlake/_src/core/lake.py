@@ -10,7 +10,7 @@ from typing import List, Mapping, NamedTuple, Tuple, Union
 from jaxlake._src import errors
 from jaxlake._src.options import (
     OPTIONS, OptionValue, format_size, resolve_options)
-from jaxlake._src.stats import Stats
+from jaxlake._src.core.stats import Stats
 
 try:
     from jaxlake import _core
@@ -127,7 +127,7 @@ class Lake:
 
     def _init_cuda(self, capacity: CapacityLike, device: int,
                    options: Mapping[str, object]) -> None:
-        from jaxlake._src import xla  # the driver search lives there
+        from jaxlake._src.xla import integration as xla  # the driver search lives there
         for name in ("granularity", "device_memory"):
             if options.get(name) is not None:
                 raise errors.ConfigurationError(

@@ -16,9 +16,10 @@ import sys
 import time
 from typing import Any, List, Optional, Sequence, TextIO
 
-from jaxlake._src import bench, tracefile
+from jaxlake._src.bench import suite as bench
+from jaxlake._src.trace import tracefile
 from jaxlake._src.options import format_size
-from jaxlake._src.replay import (Capacity, PolicyError, ReplayResult,
+from jaxlake._src.bench.replay import (Capacity, PolicyError, ReplayResult,
                                  check_policies, policy_names, replay)
 
 EXIT_INPUT = 1
@@ -292,7 +293,7 @@ def replay_command(args: argparse.Namespace,
             f.write("\n")
         out.write(f"wrote {args.json}\n")
     if args.plot:
-        from jaxlake._src import plot
+        from jaxlake._src.bench import plot
         try:
             out.write(f"wrote {plot.plot_trace(trace.name, results, args.plot)}"
                       "\n")
@@ -305,7 +306,7 @@ def replay_command(args: argparse.Namespace,
 def plot_command(args: argparse.Namespace,
                  out: Optional[TextIO] = None) -> int:
     out = out if out is not None else sys.stdout
-    from jaxlake._src import plot
+    from jaxlake._src.bench import plot
     try:
         policies = _policies(args.policy)
     except PolicyError as e:

@@ -22,11 +22,11 @@ import time
 from typing import (Any, Callable, Dict, Iterable, List, Optional, Sequence,
                     TextIO, Tuple)
 
-from jaxlake._src import tracefile
+from jaxlake._src.trace import tracefile
 from jaxlake._src.options import MIB
-from jaxlake._src.replay import (Capacity, ReplayResult, check_policies,
+from jaxlake._src.bench.replay import (Capacity, ReplayResult, check_policies,
                                  policy_names, replay)
-from jaxlake._src.tracefile import TraceWriter
+from jaxlake._src.trace.tracefile import TraceWriter
 
 GIB = 1 << 30
 SUITE_PATTERN = "*.jsonl.gz"
@@ -38,7 +38,8 @@ SUITE_PATTERN = "*.jsonl.gz"
 def installed_suite_dir() -> Optional[str]:
     """The folder of traces installed with the package, if it has any;
     else the source tree's benchmarks/traces (running from a checkout)."""
-    here = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    here = os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))  # the jaxlake package folder
     candidates = [os.path.join(here, "traces"),
                   os.path.join(os.path.dirname(here), "benchmarks", "traces")]
     for folder in candidates:
@@ -341,7 +342,7 @@ def write_outputs(suite: Sequence[TraceResults], out_dir: str,
                   capacity: Optional[Capacity], plots: bool = True,
                   extra: Optional[Dict[str, Any]] = None) -> List[str]:
     """results.json, memory.png (all traces) and memory-<trace>.png."""
-    from jaxlake._src import plot
+    from jaxlake._src.bench import plot
     os.makedirs(out_dir, exist_ok=True)
     written = []
     path = os.path.join(out_dir, "results.json")

@@ -15,7 +15,7 @@ import os
 import sys
 from typing import Mapping, Optional
 
-from jaxlake._src import xla
+from jaxlake._src.xla import integration as xla
 from jaxlake._src.errors import ConfigurationError
 
 

@@ -9,7 +9,7 @@ import sys
 from importlib import metadata
 from typing import Any, Dict, List, Optional, TextIO
 
-from jaxlake._src import xla
+from jaxlake._src.xla import integration as xla
 from jaxlake._src.errors import ConfigurationError
 
 JAX_DISTRIBUTIONS = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt",

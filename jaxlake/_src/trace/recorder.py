@@ -68,7 +68,7 @@ from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
 
 from jaxlake._src.errors import JaxlakeError
 
-#: Bundled GPU target configs, by name (jaxlake/_src/data/NAME.txtpb).
+#: Bundled GPU target configs, by name (jaxlake/_src/trace/data/NAME.txtpb).
 DEFAULT_TARGET = "h100_sxm"
 _DATA = os.path.join(os.path.dirname(__file__), "data")
 #: Bytes per entry of the output tuple table XLA's GPU runtime allocates.
@@ -385,7 +385,7 @@ class Recorder:
                  compile_only: bool = False, per_tensor: bool = False,
                  target: str = DEFAULT_TARGET,
                  meta: Optional[Mapping[str, Any]] = None) -> None:
-        from jaxlake._src.tracefile import TraceWriter
+        from jaxlake._src.trace.tracefile import TraceWriter
         self.compile_only = compile_only
         self.per_tensor = per_tensor
         self.target = target

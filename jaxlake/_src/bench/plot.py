@@ -11,7 +11,7 @@ import os
 from typing import Any, List, Sequence, Tuple
 
 from jaxlake._src.errors import JaxlakeError
-from jaxlake._src.replay import ReplayResult
+from jaxlake._src.bench.replay import ReplayResult
 
 #: One colour per policy, the same in every figure.
 COLOURS = {

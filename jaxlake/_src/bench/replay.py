@@ -16,7 +16,7 @@ from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 from jaxlake._src.errors import JaxlakeError
 from jaxlake._src.options import MIB, format_size, parse_size
-from jaxlake._src.tracefile import Trace
+from jaxlake._src.trace.tracefile import Trace
 
 #: Driver-call kinds that manage memory (event calls are reported apart).
 MEMORY_CALLS = ("reserve", "address_free", "create", "release", "map",

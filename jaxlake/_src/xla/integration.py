@@ -12,7 +12,7 @@ driver and serves those two from one lake per device.
 So configure() must run before JAX initialises its backends (the first
 `jax.devices()` or operation); `import jax` alone is fine. The environment
 (`JAXLAKE=1`, `JAXLAKE_<OPTION>`, `--jaxlake_<option>` in XLA_FLAGS) takes
-the same path through the start-up hook (jaxlake/_src/startup.py).
+the same path through the start-up hook (jaxlake/_src/xla/startup.py).
 """
 
 from __future__ import annotations
@@ -31,7 +31,7 @@ from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
 
 from jaxlake._src import options as _options
 from jaxlake._src.errors import ConfigurationError
-from jaxlake._src.stats import Stats
+from jaxlake._src.core.stats import Stats
 
 #: The options configure() takes (the lake's; granularity and device memory
 #: belong to the real device).
@@ -71,8 +71,9 @@ MIN_DRIVER_VERSION = 10020  # the VMM API arrived with CUDA 10.2
 
 def shim_path() -> str:
     """Path of the libcuda.so.1 stand-in shipped with the package."""
-    return os.path.join(os.path.dirname(os.path.dirname(
-        os.path.abspath(__file__))), "_lib", "libcuda.so.1")
+    package = os.path.dirname(os.path.dirname(os.path.dirname(
+        os.path.abspath(__file__))))
+    return os.path.join(package, "_lib", "libcuda.so.1")
 
 
 def _same_file(a: str, b: str) -> bool:
