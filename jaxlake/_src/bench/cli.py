@@ -19,8 +19,9 @@ from typing import Any, List, Optional, Sequence, TextIO
 from jaxlake._src.bench import suite as bench
 from jaxlake._src.trace import tracefile
 from jaxlake._src.options import format_size
-from jaxlake._src.bench.replay import (Capacity, PolicyError, ReplayResult,
-                                 check_policies, policy_names, replay)
+from jaxlake._src.bench.replay import (Capacity, Latency, LatencyError,
+                                       PolicyError, ReplayResult,
+                                       check_policies, policy_names, replay)
 
 EXIT_INPUT = 1
 EXIT_USAGE = 2
@@ -40,6 +41,26 @@ def _policies(values: Optional[Sequence[str]]) -> List[str]:
         return list(policy_names())
     names = [n.strip() for v in values for n in v.split(",") if n.strip()]
     return check_policies(names)
+
+
+def _add_latency(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--latency", metavar="FILE",
+        help="driver latency JSON (format jaxlake-driver-latency, written "
+             "by the GPU check) replacing the default latency model kind "
+             "by kind; see docs/benchmarks.md, Driver time")
+
+
+def _latency(command: str, path: Optional[str]) -> Any:
+    """The --latency file read, None without one, or False (reported)
+    when it is bad."""
+    if not path:
+        return None
+    try:
+        return Latency.load(path)
+    except LatencyError as e:
+        _error(command, f"--latency {e}")
+        return False
 
 
 def _error(command: str, message: str) -> None:
@@ -86,6 +107,7 @@ def register(commands: Any) -> None:
                    help="no progress bar")
     b.add_argument("--lenient", action="store_true",
                    help="skip malformed lines of damaged traces")
+    _add_latency(b)
     b.add_argument("--check", action="store_true",
                    help="exit with status 3 when a PASS/FAIL claim fails")
     b.set_defaults(func=bench_command)
@@ -109,6 +131,7 @@ def register(commands: Any) -> None:
     r.add_argument("--lenient", action="store_true",
                    help="skip malformed lines, unknown frees and bad sizes, "
                         "and report what was skipped")
+    _add_latency(r)
     r.set_defaults(func=replay_command)
 
     pl = commands.add_parser(
@@ -194,6 +217,9 @@ def bench_command(args: argparse.Namespace,
     except PolicyError as e:
         _error("bench", str(e))
         return EXIT_USAGE
+    latency = _latency("bench", getattr(args, "latency", None))
+    if latency is False:
+        return EXIT_INPUT
     start = time.perf_counter()
     if args.synthetic:
         folder = os.path.join(args.out, "synthetic")
@@ -220,7 +246,7 @@ def bench_command(args: argparse.Namespace,
                               enabled=False if args.no_progress else None)
     try:
         suite = bench.run_suite(paths, policies, args.capacity, progress,
-                                lenient=args.lenient)
+                                lenient=args.lenient, latency=latency)
     except tracefile.TraceError as e:
         progress.close()
         _error("bench", str(e))
@@ -233,7 +259,9 @@ def bench_command(args: argparse.Namespace,
                                  bench.summary_rows(suite)) + "\n")
     out.write("U: peak live / peak reserved; W: peak reserved - peak live; "
               "calls: driver memory calls; med/p99: CPU ns per call; "
-              "cap: out of memory under the capacity, at which event "
+              "cap: out of memory under the capacity, at which event; "
+              "drv ms: modelled driver time; 2nd calls/ms: memory calls "
+              "and driver time in each trace's second half "
               "(* mean, + total)\n\n")
     claims = bench.comparisons(suite)
     out.write("comparisons:\n" + bench.format_comparisons(claims) + "\n")
@@ -242,7 +270,8 @@ def bench_command(args: argparse.Namespace,
     try:
         written = bench.write_outputs(
             suite, args.out, args.capacity, plots=not args.no_plots,
-            extra={"elapsed_s": elapsed, "source": source})
+            extra={"elapsed_s": elapsed, "source": source,
+                   "latency": latency.source if latency else "defaults"})
     except Exception as e:  # a plot error must not lose the table
         _error("bench", f"writing outputs failed: {e}")
         return EXIT_INPUT
@@ -261,10 +290,14 @@ def replay_command(args: argparse.Namespace,
     except PolicyError as e:
         _error("replay", str(e))
         return EXIT_USAGE
+    latency = _latency("replay", getattr(args, "latency", None))
+    if latency is False:
+        return EXIT_INPUT
     trace = _read("replay", args.trace, args.lenient, out)
     if trace is None:
         return EXIT_INPUT
-    results = [replay(trace, p, args.capacity) for p in policies]
+    results = [replay(trace, p, args.capacity, latency=latency)
+               for p in policies]
     first = results[0]
     out.write(f"{trace.name}: {len(trace)} events, {first.devices} "
               f"device(s), peak live {format_size(first.peak_live)}")
