@@ -78,6 +78,12 @@ std::string ValidateOptions(const LakeOptions& o, const vmm::Driver& driver) {
     err << "small_limit " << o.small_limit
         << " is larger than one small slab ("
         << (o.small_slab ? o.small_slab : gran) << " bytes)";
+  } else if ((o.capacity ? o.capacity : driver.total_memory()) /
+                 o.alignment >
+             0xffffffffu) {
+    err << "capacity " << (o.capacity ? o.capacity : driver.total_memory())
+        << " is more than 2^32 units of alignment " << o.alignment
+        << ": raise alignment";
   }
   return err.str();
 }
@@ -110,24 +116,35 @@ struct Block {
   Tag tag;
 };
 
+// Offsets and lengths inside segments are in units of the alignment (256 B
+// by default): blocks are split at the alignment, so a request above
+// small_limit holds at most one alignment more than it asked for. Maps,
+// unmaps and stitched pieces work in whole chunks (chunk = granularity).
 struct Segment {
   Handle handle = 0;
   std::uintptr_t va = 0;
   std::uint32_t nchunks = 0;
   std::uint32_t stitch_refs = 0;  // stitched ranges mapping its chunks
-  std::map<std::uint32_t, Block> blocks;  // start chunk -> block
+  std::map<std::uint32_t, Block> blocks;  // start unit -> block
 };
 
+// A run of whole chunks of one segment (start and n in units, both
+// multiples of the units per chunk).
 struct Piece {
   std::uint32_t seg;
   std::uint32_t start;
   std::uint32_t n;
 };
 
+// A stitched range maps its pieces in order. Its allocation begins `lead`
+// units into the first piece (a free tail that ends at a chunk boundary can
+// lead a range; the units before it belong to other blocks) and spans
+// `used` units; the rest of the last piece stays free for anyone.
 struct Stitched {
   std::uintptr_t va = 0;
-  std::uint32_t nchunks = 0;      // chunks mapped (VA size / granularity)
-  std::uint32_t used = 0;         // leading chunks lent to the live block
+  std::uint32_t nunits = 0;       // units mapped (VA size / alignment)
+  std::uint32_t lead = 0;         // units of the first piece before the block
+  std::uint32_t used = 0;         // units lent to the live block
   std::vector<Piece> pieces;      // in address order
   bool mapping = false;           // claimed, being mapped right now
   bool dropping = false;          // being unmapped right now
@@ -138,8 +155,8 @@ struct Stitched {
 
 struct Slab {
   std::uint32_t seg = 0;
-  std::uint32_t start = 0;
-  std::uint32_t nchunks = 0;
+  std::uint32_t start = 0;   // units
+  std::uint32_t nunits = 0;
   std::uintptr_t base = 0;
   std::size_t bytes = 0;
   std::size_t used = 0;                     // bytes handed out
@@ -155,7 +172,7 @@ struct Alloc {
   Stream stream = 0;
   Kind kind = Kind::kPrimary;
   std::uint32_t seg = 0;    // primary
-  std::uint32_t start = 0;  // primary
+  std::uint32_t start = 0;  // primary (unit)
   std::uint64_t owner = 0;  // stitched or slab id
 };
 
@@ -175,6 +192,8 @@ struct Lake::Impl {
   vmm::Driver& drv;
   LakeOptions opt;
   std::size_t gran;
+  std::size_t unit;   // bytes per unit (the alignment)
+  std::uint32_t cu;   // units per chunk
   std::size_t capacity;
   std::size_t slab_bytes;
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
@@ -182,7 +201,7 @@ struct Lake::Impl {
   mutable std::mutex mu;
   std::unordered_map<std::uint32_t, Segment> segs;
   std::uint32_t next_seg = 1;
-  std::set<FreeKey> free_index;  // (nchunks, seg, start) of free blocks
+  std::set<FreeKey> free_index;  // (units, seg, start) of free blocks
   std::unordered_map<std::uint64_t, Stitched> stitched;
   std::list<std::uint64_t> lru;  // cached stitched ids, most recent first
   std::unordered_map<std::uint64_t, Slab> slabs;
@@ -202,6 +221,8 @@ struct Lake::Impl {
       : drv(d),
         opt(o),
         gran(d.granularity()),
+        unit(o.alignment),
+        cu(static_cast<std::uint32_t>(d.granularity() / o.alignment)),
         capacity(o.capacity ? o.capacity : d.total_memory()),
         slab_bytes(o.small_slab ? o.small_slab : d.granularity()) {}
 
@@ -288,6 +309,17 @@ struct Lake::Impl {
   }
   void IndexRemove(std::uint32_t seg, std::uint32_t start, const Block& b) {
     free_index.erase(FreeKey(b.end - start, seg, start));
+  }
+
+  // The block holding unit u of a segment.
+  const Block& BlockAt(std::uint32_t seg_id, std::uint32_t u) const {
+    const Segment& seg = segs.at(seg_id);
+    return std::prev(seg.blocks.upper_bound(u))->second;
+  }
+
+  std::uint32_t ChunkDown(std::uint32_t u) const { return u - u % cu; }
+  std::uint32_t ChunkUp(std::uint32_t u) const {
+    return u % cu ? u - u % cu + cu : u;
   }
 
   // Marks [start, start+n) of segment `seg`, which must lie inside one free
@@ -473,7 +505,7 @@ struct Lake::Impl {
     seg.va = va;
     seg.nchunks = n;
     Block b;
-    b.end = n;
+    b.end = n * cu;
     seg.blocks.emplace(0, b);
     IndexAdd(id, 0, b);
     st.bytes_reserved.add(static_cast<std::int64_t>(bytes));
@@ -542,13 +574,18 @@ struct Lake::Impl {
         segs.at(p.seg).stitch_refs += static_cast<std::uint32_t>(delta);
   }
 
-  // Calls f(seg, start, n) for each run of the first `used` chunks.
+  // Calls f(seg, start, n) for each run of the first `used` units of the
+  // range's block (after its lead), one run per piece, in order.
   template <typename F>
   static void ForUsed(const Stitched& r, std::uint32_t used, F&& f) {
+    std::uint32_t skip = r.lead;
     for (const Piece& p : r.pieces) {
       if (used == 0) break;
-      const std::uint32_t k = std::min(used, p.n);
-      f(p.seg, p.start, k);
+      const std::uint32_t d = std::min(skip, p.n);
+      skip -= d;
+      if (d == p.n) continue;
+      const std::uint32_t k = std::min(used, p.n - d);
+      f(p.seg, p.start + d, k);
       used -= k;
     }
   }
@@ -567,8 +604,8 @@ struct Lake::Impl {
     int errors = 0;
     std::uintptr_t at = va;
     for (const Piece& p : pieces) {
-      if (drv.unmap(at, std::size_t{p.n} * gran) != Status::kOk) ++errors;
-      at += std::size_t{p.n} * gran;
+      if (drv.unmap(at, std::size_t{p.n} * unit) != Status::kOk) ++errors;
+      at += std::size_t{p.n} * unit;
     }
     if (drv.address_free(va, at - va) != Status::kOk) ++errors;
     lk.lock();
@@ -618,8 +655,9 @@ struct Lake::Impl {
     return false;
   }
 
-  // Claims n chunks of one primary block for `state`/`owner`: best fit, else
-  // a new segment. kOutOfMemory when neither is possible; *how tells which.
+  // Claims n units of one primary block for `state`/`owner`: best fit, else
+  // a new segment of whole chunks (the rest of its last chunk stays free).
+  // kOutOfMemory when neither is possible; *how tells which.
   Status ClaimPrimary(std::unique_lock<std::mutex>& lk, std::uint32_t n,
                       Stream s, BlockState state, std::uint64_t owner,
                       std::uint32_t* seg_out, std::uint32_t* start_out,
@@ -633,8 +671,9 @@ struct Lake::Impl {
       *how = len == n ? AllocState::fit : AllocState::split;
       return Status::kOk;
     }
-    if (!ClaimCapacity(n)) return Status::kOutOfMemory;
-    Status cs = CreateSegment(lk, n, seg_out);
+    const std::uint32_t chunks = ChunkUp(n) / cu;
+    if (!ClaimCapacity(chunks)) return Status::kOutOfMemory;
+    Status cs = CreateSegment(lk, chunks, seg_out);
     if (cs != Status::kOk) return cs;
     Carve(*seg_out, 0, n, state, owner);
     *start_out = 0;
@@ -674,14 +713,18 @@ struct Lake::Impl {
   Alloc StitchedAlloc(std::uint64_t id, std::size_t size, Stream s) const {
     Alloc a;
     a.size = size;
-    a.rounded = std::size_t{stitched.at(id).used} * gran;
+    a.rounded = std::size_t{stitched.at(id).used} * unit;
     a.stream = s;
     a.kind = Kind::kStitched;
     a.owner = id;
     return a;
   }
 
-  // Cached ranges large enough for a request whose chunks are checked, most
+  std::uintptr_t StitchedAddress(const Stitched& r) const {
+    return r.va + std::size_t{r.lead} * unit;
+  }
+
+  // Cached ranges large enough for a request whose units are checked, most
   // recently freed first: a bound on the cost of a miss (a training step
   // reuses the ranges its previous step freed, which come first).
   static constexpr int kReuseCandidates = 8;
@@ -691,7 +734,7 @@ struct Lake::Impl {
     int candidates = 0;
     for (auto it = lru.begin(); it != lru.end(); ++it) {
       Stitched& r = stitched.at(*it);
-      if (r.nchunks < n) continue;
+      if (r.nunits - r.lead < n) continue;
       if (++candidates > kReuseCandidates) break;
       // Reusing the range's VA from another stream needs its last use done.
       if (!Usable(r.tag, s)) continue;
@@ -709,48 +752,80 @@ struct Lake::Impl {
                         std::uint32_t k) {
         Carve(seg, start, k, BlockState::kLent, id);
       });
-      *addr = r.va;
+      *addr = StitchedAddress(r);
       OnAllocated(*addr, StitchedAlloc(id, size, s), AllocState::stitch_reuse);
       return true;
     }
     return false;
   }
 
-  // Chooses free blocks usable by s, largest first, up to n chunks. Returns
-  // the chunks covered.
+  // Free blocks of less than a chunk checked as the lead of a stitch.
+  static constexpr int kLeadCandidates = 16;
+
+  // Plans a stitched range for n units on stream s. Pieces: the whole free
+  // chunks of free blocks usable by s, largest block first. When they fall
+  // short, a free block smaller than a chunk that ends at a chunk boundary
+  // may lead the range (*lead: the units of its chunk before it) when it
+  // saves a chunk of the shortfall (best fit among those). Returns the
+  // units the plan covers after the lead.
   std::uint32_t PlanStitch(std::uint32_t n, Stream s,
-                           std::vector<Piece>* plan) {
+                           std::vector<Piece>* plan, std::uint32_t* lead) {
     std::uint32_t got = 0;
+    *lead = 0;
     for (auto it = free_index.rbegin(); it != free_index.rend() && got < n;
          ++it) {
       auto [len, seg_id, start] = *it;
+      if (len < cu) break;  // no whole chunk in this block or any after it
+      const std::uint32_t a = ChunkUp(start);
+      const std::uint32_t b = ChunkDown(start + len);
+      if (b <= a) continue;
       if (!Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
-      const std::uint32_t k = std::min(len, n - got);
-      plan->push_back(Piece{seg_id, start, k});
+      const std::uint32_t k = std::min(b - a, ChunkUp(n - got));
+      plan->push_back(Piece{seg_id, a, k});
       got += k;
       if (opt.max_pieces && plan->size() >= opt.max_pieces) break;
+    }
+    if (got < n) {
+      const std::uint32_t need = n - got;
+      const std::uint32_t rem = need - (ChunkUp(need) - cu);  // 1..cu
+      const bool room = !opt.max_pieces || plan->size() + 2 <= opt.max_pieces;
+      int seen = 0;
+      for (auto it = free_index.lower_bound(FreeKey(rem, 0, 0));
+           room && it != free_index.end() && seen < kLeadCandidates; ++it) {
+        auto [len, seg_id, start] = *it;
+        if (len >= cu) break;
+        if ((start + len) % cu != 0) continue;
+        ++seen;
+        if (!Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
+        const std::uint32_t c = start + len - cu;
+        plan->insert(plan->begin(), Piece{seg_id, c, cu});
+        *lead = start - c;
+        got += len;
+        break;
+      }
     }
     // A shortfall segment needs a piece of its own.
     if (got < n && opt.max_pieces) {
       while (!plan->empty() && plan->size() + 1 > opt.max_pieces) {
-        got -= plan->back().n;
+        got -= plan->back().n - (plan->size() == 1 ? *lead : 0);
         plan->pop_back();
       }
+      if (plan->empty()) *lead = 0;
     }
-    return got;
+    return std::min(got, n);
   }
 
-  // Maps `pieces` into a new range of n chunks and lends it to a live
-  // allocation. The pieces must already be carved as kLent to `id`.
-  Status MapStitched(std::unique_lock<std::mutex>& lk, std::uint64_t id,
-                     std::uint32_t n) {
+  // Maps the pieces of range `id` into a new reservation (lock released
+  // meanwhile); the range's used units must already be lent to it.
+  Status MapStitched(std::unique_lock<std::mutex>& lk, std::uint64_t id) {
     const std::vector<Piece> pieces = stitched.at(id).pieces;
     std::vector<std::pair<Handle, std::size_t>> src;  // handle, byte offset
+    std::size_t bytes = 0;
     for (const Piece& p : pieces) {
       const Segment& seg = segs.at(p.seg);
-      src.emplace_back(seg.handle, std::size_t{p.start} * gran);
+      src.emplace_back(seg.handle, std::size_t{p.start} * unit);
+      bytes += std::size_t{p.n} * unit;
     }
-    const std::size_t bytes = std::size_t{n} * gran;
     lk.unlock();
     std::uintptr_t va = 0;
     Status s = drv.reserve(bytes, &va);
@@ -758,7 +833,7 @@ struct Lake::Impl {
     std::size_t done_bytes = 0;
     if (s == Status::kOk) {
       for (; mapped < pieces.size(); ++mapped) {
-        const std::size_t pb = std::size_t{pieces[mapped].n} * gran;
+        const std::size_t pb = std::size_t{pieces[mapped].n} * unit;
         s = drv.map(va + done_bytes, pb, src[mapped].second,
                     src[mapped].first);
         if (s != Status::kOk) break;
@@ -768,8 +843,8 @@ struct Lake::Impl {
       if (s != Status::kOk) {
         std::uintptr_t at = va;
         for (std::size_t i = 0; i < mapped; ++i) {
-          drv.unmap(at, std::size_t{pieces[i].n} * gran);
-          at += std::size_t{pieces[i].n} * gran;
+          drv.unmap(at, std::size_t{pieces[i].n} * unit);
+          at += std::size_t{pieces[i].n} * unit;
         }
         drv.address_free(va, bytes);
       }
@@ -785,41 +860,51 @@ struct Lake::Impl {
     return Status::kOk;
   }
 
-  // Undoes a failed stitch: returns the lent pieces to the free pool with
-  // the tags they had.
+  // Undoes a failed stitch: returns the lent runs to the free pool with the
+  // tags they had (one per run, in order).
   void AbandonStitched(std::uint64_t id, const std::vector<Tag>& tags) {
     Stitched& r = stitched.at(id);
     StitchRefs(r, -1);
-    for (std::size_t i = 0; i < r.pieces.size(); ++i)
-      MakeFree(r.pieces[i].seg, r.pieces[i].start, tags[i]);
+    std::vector<Piece> runs;
+    ForUsed(r, r.used, [&](std::uint32_t seg, std::uint32_t start,
+                           std::uint32_t k) {
+      runs.push_back(Piece{seg, start, k});
+    });
+    for (std::size_t i = 0; i < runs.size(); ++i)
+      MakeFree(runs[i].seg, runs[i].start, tags[i]);
     stitched.erase(id);
   }
 
-  // Stitches free blocks (plus, if allowed, a new segment for the shortfall)
-  // into a range of n chunks. Returns kOk and sets *addr on success;
-  // kOutOfMemory if stitching cannot serve the request (nothing changed).
+  // Stitches free chunks (plus, if allowed, a new segment for the
+  // shortfall) into a range for n units. Returns kOk and sets *addr on
+  // success; kOutOfMemory if stitching cannot serve the request (nothing
+  // changed).
   Status TryStitch(std::unique_lock<std::mutex>& lk, std::uint32_t n,
                    Stream s, std::size_t size, std::uintptr_t* addr,
                    AllocState* state) {
     if (!opt.stitch || size < opt.stitch_min) return Status::kOutOfMemory;
     std::vector<Piece> plan;
-    const std::uint32_t got = PlanStitch(n, s, &plan);
+    std::uint32_t lead = 0;
+    const std::uint32_t got = PlanStitch(n, s, &plan, &lead);
     if (plan.empty()) return Status::kOutOfMemory;
-    const std::uint32_t shortfall = n - got;
+    const std::uint32_t shortfall = got < n ? ChunkUp(n - got) / cu : 0;
     if (shortfall > 0 && (!opt.stitch_grow || !ClaimCapacity(shortfall)))
       return Status::kOutOfMemory;
     bool grew = false;
-    std::vector<Tag> tags;
     const std::uint64_t id = next_id++;
-    // Claim the planned pieces before releasing the lock.
-    for (const Piece& p : plan) {
-      tags.push_back(segs.at(p.seg).blocks.at(p.start).tag);
-      Carve(p.seg, p.start, p.n, BlockState::kLent, id);
-    }
     Stitched& r0 = stitched[id];
     r0.pieces = plan;
+    r0.lead = lead;
     r0.mapping = true;
-    r0.nchunks = got;
+    for (const Piece& p : plan) r0.nunits += p.n;
+    r0.used = got;
+    // Claim the planned units before releasing the lock.
+    std::vector<Tag> tags;
+    ForUsed(r0, got, [&](std::uint32_t seg, std::uint32_t start,
+                         std::uint32_t k) {
+      tags.push_back(BlockAt(seg, start).tag);
+      Carve(seg, start, k, BlockState::kLent, id);
+    });
     StitchRefs(r0, +1);
     if (shortfall > 0) {
       std::uint32_t seg_id = 0;
@@ -828,29 +913,30 @@ struct Lake::Impl {
         AbandonStitched(id, tags);
         return cs;
       }
-      Carve(seg_id, 0, shortfall, BlockState::kLent, id);
+      Carve(seg_id, 0, n - got, BlockState::kLent, id);
       Stitched& r = stitched.at(id);
-      r.pieces.push_back(Piece{seg_id, 0, shortfall});
-      r.nchunks = n;
+      r.pieces.push_back(Piece{seg_id, 0, shortfall * cu});
+      r.nunits += shortfall * cu;
+      r.used = n;
       tags.push_back(Tag{});
       segs.at(seg_id).stitch_refs += 1;
       grew = true;
     }
-    Status ms = MapStitched(lk, id, n);
+    Status ms = MapStitched(lk, id);
     if (ms != Status::kOk) {
       ++st.driver_errors;
       AbandonStitched(id, tags);
       return ms;
     }
     Stitched& r = stitched.at(id);
-    r.used = n;
-    *addr = r.va;
+    *addr = StitchedAddress(r);
     *state = grew ? AllocState::stitch_grow : AllocState::stitch;
     OnAllocated(*addr, StitchedAlloc(id, size, s), *state);
     return Status::kOk;
   }
 
-  // One pass of the large-request states. kOutOfMemory: nothing fit.
+  // One pass of the large-request states for n units. kOutOfMemory:
+  // nothing fit.
   Status LargeOnce(std::unique_lock<std::mutex>& lk, std::uint32_t n,
                    Stream s, std::size_t size, std::uintptr_t* addr,
                    AllocState* state) {
@@ -881,12 +967,12 @@ struct Lake::Impl {
     if (r != Status::kOk) return r;
     Alloc a;
     a.size = size;
-    a.rounded = std::size_t{n} * gran;
+    a.rounded = std::size_t{n} * unit;
     a.stream = s;
     a.kind = Kind::kPrimary;
     a.seg = seg;
     a.start = start;
-    *addr = segs.at(seg).va + std::size_t{start} * gran;
+    *addr = segs.at(seg).va + std::size_t{start} * unit;
     OnAllocated(*addr, a, *state);
     return Status::kOk;
   }
@@ -896,7 +982,7 @@ struct Lake::Impl {
   // A new slab for stream s: one primary block (never a stitch, which would
   // tie a stitched range to the long-lived small pool).
   Status NewSlab(std::unique_lock<std::mutex>& lk, Stream s) {
-    const std::uint32_t n = static_cast<std::uint32_t>(slab_bytes / gran);
+    const auto n = static_cast<std::uint32_t>(slab_bytes / unit);
     const std::uint64_t id = next_id++;
     std::uint32_t seg = 0, start = 0;
     AllocState how;
@@ -906,8 +992,8 @@ struct Lake::Impl {
     Slab& sl = slabs[id];
     sl.seg = seg;
     sl.start = start;
-    sl.nchunks = n;
-    sl.base = segs.at(seg).va + std::size_t{start} * gran;
+    sl.nunits = n;
+    sl.base = segs.at(seg).va + std::size_t{start} * unit;
     sl.bytes = slab_bytes;
     sl.stream = s;
     sl.free.emplace(0, slab_bytes);
@@ -1042,19 +1128,21 @@ struct Lake::Impl {
           e << "stitched range " << id << " maps missing segment " << p.seg;
           return e.str();
         }
-        if (p.start + p.n > segs.at(p.seg).nchunks) {
-          e << "stitched range " << id << " maps past segment " << p.seg;
+        if (p.start + p.n > segs.at(p.seg).nchunks * cu || p.start % cu ||
+            p.n % cu || p.n == 0) {
+          e << "stitched range " << id
+            << " maps past segment or not whole chunks of " << p.seg;
           return e.str();
         }
         if (seen.insert(p.seg).second) ++refs[p.seg];
         total += p.n;
       }
-      if (total != r.nchunks) {
+      if (total != r.nunits) {
         e << "stitched range " << id << " pieces cover " << total
-          << " chunks, expected " << r.nchunks;
+          << " units, expected " << r.nunits;
         return e.str();
       }
-      if (r.used > r.nchunks) {
+      if (r.lead >= cu || r.lead + r.used > r.nunits) {
         e << "stitched range " << id << " lends more chunks than it maps";
         return e.str();
       }
@@ -1063,7 +1151,7 @@ struct Lake::Impl {
       reserved += std::size_t{seg.nchunks} * gran;
       std::uint32_t at = 0;
       for (const auto& [start, b] : seg.blocks) {
-        if (start != at || b.end <= start || b.end > seg.nchunks) {
+        if (start != at || b.end <= start || b.end > seg.nchunks * cu) {
           e << "segment " << id << " blocks do not tile it at chunk " << start;
           return e.str();
         }
@@ -1084,7 +1172,7 @@ struct Lake::Impl {
           // The block must lie within the lent prefix of its range.
           bool inside = false;
           const Stitched& r = rit->second;
-          ForUsed(r, r.mapping ? r.nchunks : r.used,
+          ForUsed(r, r.used,
                   [&](std::uint32_t sg, std::uint32_t s0, std::uint32_t k) {
                     if (sg == id && start >= s0 && b.end <= s0 + k)
                       inside = true;
@@ -1098,22 +1186,22 @@ struct Lake::Impl {
         } else if (b.state == BlockState::kSlab) {
           auto sit = slabs.find(b.owner);
           if (sit == slabs.end() || sit->second.seg != id ||
-              sit->second.start != start || sit->second.nchunks != n) {
+              sit->second.start != start || sit->second.nunits != n) {
             e << "slab block " << id << ":" << start << " has no slab";
             return e.str();
           }
         } else if (b.state == BlockState::kLive) {
-          auto lit = live.find(seg.va + std::size_t{start} * gran);
+          auto lit = live.find(seg.va + std::size_t{start} * unit);
           if (lit == live.end() || lit->second.kind != Kind::kPrimary ||
-              lit->second.rounded != std::size_t{n} * gran) {
+              lit->second.rounded != std::size_t{n} * unit) {
             e << "live block " << id << ":" << start << " has no allocation";
             return e.str();
           }
         }
       }
-      if (at != seg.nchunks) {
-        e << "segment " << id << " blocks end at " << at << " of "
-          << seg.nchunks;
+      if (at != seg.nchunks * cu) {
+        e << "segment " << id << " blocks end at unit " << at << " of "
+          << seg.nchunks * cu;
         return e.str();
       }
       const std::uint32_t want = refs.count(id) ? refs.at(id) : 0;
@@ -1130,9 +1218,9 @@ struct Lake::Impl {
     }
     std::size_t stitched_va = 0, cached = 0;
     for (const auto& [id, r] : stitched) {
-      if (!r.mapping) stitched_va += std::size_t{r.nchunks} * gran;
+      if (!r.mapping) stitched_va += std::size_t{r.nunits} * unit;
       const std::uint32_t lent = lent_by.count(id) ? lent_by.at(id) : 0;
-      const std::uint32_t want = r.mapping ? r.nchunks : r.used;
+      const std::uint32_t want = r.used;
       if (lent != want) {
         e << "stitched range " << id << " has " << lent
           << " chunks lent, expected " << want;
@@ -1159,8 +1247,8 @@ struct Lake::Impl {
       }
       if (a.kind == Kind::kStitched) {
         auto rit = stitched.find(a.owner);
-        if (rit == stitched.end() || rit->second.va != addr ||
-            std::size_t{rit->second.used} * gran != a.rounded) {
+        if (rit == stitched.end() || StitchedAddress(rit->second) != addr ||
+            std::size_t{rit->second.used} * unit != a.rounded) {
           e << "stitched allocation " << addr << " does not match its range";
           return e.str();
         }
@@ -1219,8 +1307,8 @@ struct Lake::Impl {
       << Bytes(st.bytes_in_use.peak) << "), reserved "
       << Bytes(st.bytes_reserved.current) << " (peak "
       << Bytes(st.bytes_reserved.peak) << ") of capacity " << Bytes(capacity)
-      << ", free " << Bytes(free_chunks * gran) << " in "
-      << free_index.size() << " blocks (largest " << Bytes(largest * gran)
+      << ", free " << Bytes(free_chunks * unit) << " in "
+      << free_index.size() << " blocks (largest " << Bytes(largest * unit)
       << "), small pool " << Bytes(st.bytes_small_reserved.current)
       << ", cached stitched ranges " << lru.size() << ", live allocations "
       << live.size();
@@ -1267,7 +1355,8 @@ Status Lake::allocate(std::size_t nbytes, Stream stream,
     if (chunks > m.capacity / m.gran) {
       r = Status::kOutOfMemory;
     } else {
-      const auto n = static_cast<std::uint32_t>(chunks);
+      const auto n = static_cast<std::uint32_t>(RoundUp(nbytes, m.unit) /
+                                                m.unit);
       r = m.WithReclaim(lk, [&] {
         return m.LargeOnce(lk, n, stream, nbytes, address, state);
       });
