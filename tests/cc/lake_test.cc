@@ -37,6 +37,13 @@ LakeOptions Capped(std::size_t capacity) {
   return o;
 }
 
+// The small-request pool of per-stream slabs (off by default).
+LakeOptions Slabs() {
+  LakeOptions o;
+  o.small_limit = kMiB;
+  return o;
+}
+
 std::uintptr_t Alloc(Lake& lake, std::size_t n, AllocState* how = nullptr,
                      std::uint64_t stream = 0) {
   std::uintptr_t p = 0;
@@ -157,7 +164,7 @@ TEST(stitch_grow_creates_only_the_shortfall) {
 
 TEST(small_requests_share_slabs) {
   jaxlake::vmm::SimDriver drv(Small());
-  Lake lake(drv, LakeOptions{});
+  Lake lake(drv, Slabs());
   std::vector<std::uintptr_t> ps;
   for (int i = 0; i < 1000; ++i) {
     AllocState how{};
@@ -218,7 +225,7 @@ TEST(pressure_waits_for_pending_events) {
 
 TEST(small_range_freed_on_another_stream_is_deferred) {
   jaxlake::vmm::SimDriver drv(Small());
-  Lake lake(drv, LakeOptions{});
+  Lake lake(drv, Slabs());
   drv.hold_stream(2);
   auto a = Alloc(lake, 4096, nullptr, 1);
   auto keep = Alloc(lake, 4096, nullptr, 1);
@@ -355,6 +362,95 @@ TEST(bad_frees_are_refused) {
   bad = LakeOptions{};
   bad.alignment = 100;
   CHECK(!jaxlake::ValidateOptions(bad, drv).empty());
+}
+
+// Without a small pool, requests of any size share the blocks, split at the
+// alignment: a thousand small requests fill one chunk, side by side.
+TEST(small_requests_pack_into_shared_blocks) {
+  jaxlake::vmm::SimDriver drv(Small());
+  Lake lake(drv, LakeOptions{});
+  std::vector<std::uintptr_t> ps;
+  std::size_t asked = 0;
+  for (int i = 0; i < 1000; ++i) {
+    ps.push_back(Alloc(lake, 1000 + i % 7));
+    asked += 1024;  // each rounded up to 4 units of 256 B
+    CHECK_EQ(ps.back() % 256, 0u);
+  }
+  auto st = lake.stats();
+  CHECK_EQ(st.bytes_in_use_rounded.current, static_cast<std::int64_t>(asked));
+  CHECK_EQ(st.bytes_reserved.current, static_cast<std::int64_t>(kMiB * 2));
+  CHECK_EQ(st.bytes_small_reserved.current, 0);
+  for (auto p : ps) CHECK(lake.free(p, 0) == Status::kOk);
+  CHECK_EQ(lake.stats().bytes_in_use.current, 0);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+// Mid-size requests hold at most the alignment more than they asked for;
+// a run of 2.25 MiB requests holds the whole chunks their sum needs, not
+// two chunks each: each new one is led by the free tail of the last chunk.
+TEST(mid_size_requests_waste_at_most_the_alignment) {
+  jaxlake::vmm::SimDriver drv(Small());
+  Lake lake(drv, LakeOptions{});
+  const std::size_t n = 2 * kMiB + kMiB / 4;
+  std::vector<std::uintptr_t> ps;
+  std::vector<AllocState> how;
+  for (int i = 0; i < 8; ++i) {
+    AllocState h{};
+    ps.push_back(Alloc(lake, n, &h));
+    how.push_back(h);
+  }
+  CHECK(how[0] == AllocState::grow);
+  CHECK(how[1] == AllocState::stitch_grow);  // led by the 1.75 MiB tail
+  auto st = lake.stats();
+  CHECK_EQ(st.bytes_in_use_rounded.current, static_cast<std::int64_t>(8 * n));
+  CHECK_EQ(st.bytes_reserved.current, static_cast<std::int64_t>(18 * kMiB));
+  // Distinct addresses, no overlap, all usable through the sim's access.
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    CHECK(drv.accessible(ps[i], n));
+    for (std::size_t j = 0; j < i; ++j)
+      CHECK(ps[i] + n <= ps[j] || ps[j] + n <= ps[i]);
+  }
+  for (int i = 0; i < 8; i += 2) CHECK(lake.free(ps[i], 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+  // Freed mid-size blocks are reused at the alignment, with no new memory.
+  const auto creates = drv.calls(Call::create);
+  for (int i = 0; i < 8; i += 2) ps[i] = Alloc(lake, n);
+  CHECK_EQ(drv.calls(Call::create), creates);
+  for (auto p : ps) CHECK(lake.free(p, 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+// Stitching maps only wholly free chunks: a chunk that still holds a live
+// unit is never lent, and the free part of a partly used chunk stays free.
+TEST(stitching_takes_only_wholly_free_chunks) {
+  jaxlake::vmm::HostDriver drv(Small(64 * kMiB));
+  Lake lake(drv, Capped(16 * kMiB));
+  // One 16 MiB segment: [a 3 MiB][b 5 MiB][c 3 MiB][d 5 MiB].
+  auto big = Alloc(lake, 16 * kMiB);
+  CHECK(lake.free(big, 0) == Status::kOk);
+  auto a = Alloc(lake, 3 * kMiB);
+  auto b = Alloc(lake, 5 * kMiB);
+  auto c = Alloc(lake, 3 * kMiB);
+  auto d = Alloc(lake, 5 * kMiB);
+  Fill(a, 3 * kMiB, 1);
+  Fill(c, 3 * kMiB, 3);
+  CHECK(lake.free(b, 0) == Status::kOk);
+  CHECK(lake.free(d, 0) == Status::kOk);
+  // Free: [3, 8) and [11, 16) MiB: whole chunks [4, 8) and [12, 16).
+  AllocState how{};
+  auto e = Alloc(lake, 8 * kMiB, &how);
+  CHECK(how == AllocState::stitch);
+  Fill(e, 8 * kMiB, 5);
+  CHECK(Holds(a, 3 * kMiB, 1));
+  CHECK(Holds(c, 3 * kMiB, 3));
+  CHECK_EQ(lake.check(), std::string());
+  // The halves of chunks [2, 4) and [10, 12) are still free for a fit.
+  auto f = Alloc(lake, kMiB, &how);
+  CHECK(how == AllocState::split || how == AllocState::fit);
+  Fill(f, kMiB, 6);
+  CHECK(Holds(e, 8 * kMiB, 5));
+  for (auto p : {a, c, e, f}) CHECK(lake.free(p, 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
 }
 
 // Random operations over real memory, verifying every live block's bytes.
