@@ -109,11 +109,17 @@ enum class BlockState : std::uint8_t {
   kSlab,  // a small-pool slab (owner = slab id)
 };
 
+// (units, segment, start unit) of a free block: the free index's key, so
+// best fit is a lower_bound.
+using FreeKey = std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>;
+using FreeIndex = std::set<FreeKey>;
+
 struct Block {
-  std::uint32_t end = 0;  // one past the last chunk
+  std::uint32_t end = 0;  // one past the last unit
   BlockState state = BlockState::kFree;
   std::uint64_t owner = 0;
   Tag tag;
+  FreeIndex::iterator idx{};  // its free index entry, while kFree
 };
 
 // Offsets and lengths inside segments are in units of the alignment (256 B
@@ -184,8 +190,6 @@ struct StreamState {
   bool pending = false;
 };
 
-using FreeKey = std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>;
-
 }  // namespace
 
 struct Lake::Impl {
@@ -201,7 +205,7 @@ struct Lake::Impl {
   mutable std::mutex mu;
   std::unordered_map<std::uint32_t, Segment> segs;
   std::uint32_t next_seg = 1;
-  std::set<FreeKey> free_index;  // (units, seg, start) of free blocks
+  FreeIndex free_index;  // every free block, by (units, seg, start)
   std::unordered_map<std::uint64_t, Stitched> stitched;
   std::list<std::uint64_t> lru;  // cached stitched ids, most recent first
   std::unordered_map<std::uint64_t, Slab> slabs;
@@ -237,6 +241,12 @@ struct Lake::Impl {
   }
   bool Usable(const Tag& t, Stream s) const {
     return t.stream == s || Safe(t);
+  }
+  // True when no stream but s has ever freed anything: then every tag is
+  // s's own or never used, and every free block is usable by s.
+  bool OnlyStream(Stream s) const {
+    return streams.empty() ||
+           (streams.size() == 1 && streams.begin()->first == s);
   }
 
   // Records (if needed) and queries one event per stream with unfenced
@@ -304,11 +314,11 @@ struct Lake::Impl {
 
   // ---- blocks ----------------------------------------------------------------
 
-  void IndexAdd(std::uint32_t seg, std::uint32_t start, const Block& b) {
-    free_index.emplace(b.end - start, seg, start);
+  void IndexAdd(std::uint32_t seg, std::uint32_t start, Block& b) {
+    b.idx = free_index.emplace(b.end - start, seg, start).first;
   }
-  void IndexRemove(std::uint32_t seg, std::uint32_t start, const Block& b) {
-    free_index.erase(FreeKey(b.end - start, seg, start));
+  void IndexRemove(std::uint32_t, std::uint32_t, const Block& b) {
+    free_index.erase(b.idx);
   }
 
   // The block holding unit u of a segment.
@@ -329,27 +339,26 @@ struct Lake::Impl {
     Segment& seg = segs.at(seg_id);
     auto it = std::prev(seg.blocks.upper_bound(start));
     const std::uint32_t bstart = it->first;
-    Block b = it->second;
+    const Block b = it->second;
     assert(b.state == BlockState::kFree && b.end >= start + n);
     IndexRemove(seg_id, bstart, b);
-    seg.blocks.erase(it);
+    // The free block's node becomes the left part, or the carved block
+    // itself when it starts there (no node is freed and made again).
+    auto hint = std::next(it);
     if (bstart < start) {
-      Block left = b;
-      left.end = start;
-      seg.blocks.emplace(bstart, left);
-      IndexAdd(seg_id, bstart, left);
+      it->second.end = start;
+      IndexAdd(seg_id, bstart, it->second);
+      it = seg.blocks.emplace_hint(hint, start, Block{});
     }
-    if (start + n < b.end) {
-      Block right = b;
-      seg.blocks.emplace(start + n, right);
-      IndexAdd(seg_id, start + n, right);
-    }
-    Block mid;
+    Block& mid = it->second;
     mid.end = start + n;
     mid.state = state;
     mid.owner = owner;
     mid.tag = b.tag;
-    seg.blocks.emplace(start, mid);
+    if (start + n < b.end) {
+      auto r = seg.blocks.emplace_hint(hint, start + n, b);
+      IndexAdd(seg_id, start + n, r->second);
+    }
   }
 
   // Two free neighbours merge when they share a stream or one of them is
@@ -506,8 +515,7 @@ struct Lake::Impl {
     seg.nchunks = n;
     Block b;
     b.end = n * cu;
-    seg.blocks.emplace(0, b);
-    IndexAdd(id, 0, b);
+    IndexAdd(id, 0, seg.blocks.emplace(0, b).first->second);
     st.bytes_reserved.add(static_cast<std::int64_t>(bytes));
     st.segments.add(1);
     *seg_out = id;
@@ -644,8 +652,13 @@ struct Lake::Impl {
 
   // A free block of >= n chunks usable by stream s (best fit), or false.
   bool FindFit(std::uint32_t n, Stream s, FreeKey* out) const {
-    for (auto it = free_index.lower_bound(FreeKey(n, 0, 0));
-         it != free_index.end(); ++it) {
+    auto it = free_index.lower_bound(FreeKey(n, 0, 0));
+    if (OnlyStream(s)) {  // every free block is usable: no tag to look at
+      if (it == free_index.end()) return false;
+      *out = *it;
+      return true;
+    }
+    for (; it != free_index.end(); ++it) {
       const auto [len, seg_id, start] = *it;
       if (Usable(segs.at(seg_id).blocks.at(start).tag, s)) {
         *out = *it;
@@ -658,12 +671,13 @@ struct Lake::Impl {
   // Claims n units of one primary block for `state`/`owner`: best fit, else
   // a new segment of whole chunks (the rest of its last chunk stays free).
   // kOutOfMemory when neither is possible; *how tells which.
+  // `found`: a fit the caller already found (FindFit), if any.
   Status ClaimPrimary(std::unique_lock<std::mutex>& lk, std::uint32_t n,
                       Stream s, BlockState state, std::uint64_t owner,
                       std::uint32_t* seg_out, std::uint32_t* start_out,
-                      AllocState* how) {
+                      AllocState* how, const FreeKey* found = nullptr) {
     FreeKey fit;
-    if (FindFit(n, s, &fit)) {
+    if (found != nullptr ? (fit = *found, true) : FindFit(n, s, &fit)) {
       const auto [len, seg_id, start] = fit;
       Carve(seg_id, start, n, state, owner);
       *seg_out = seg_id;
@@ -963,7 +977,7 @@ struct Lake::Impl {
     }
     std::uint32_t seg = 0, start = 0;
     Status r = ClaimPrimary(lk, n, s, BlockState::kLive, 0, &seg, &start,
-                            state);
+                            state, found ? &fit : nullptr);
     if (r != Status::kOk) return r;
     Alloc a;
     a.size = size;
