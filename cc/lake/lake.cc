@@ -109,10 +109,75 @@ enum class BlockState : std::uint8_t {
   kSlab,  // a small-pool slab (owner = slab id)
 };
 
+// Recycles the nodes of the lake's trees and tables: most operations free
+// one node and make another of the same size, and a free list hands it
+// back without malloc. Guarded by the lake's mutex like the containers.
+class NodePool {
+ public:
+  NodePool() = default;
+  NodePool(const NodePool&) = delete;
+  NodePool& operator=(const NodePool&) = delete;
+  ~NodePool() {
+    for (void* head : free_)
+      while (head) {
+        void* next = *static_cast<void**>(head);
+        ::operator delete(head);
+        head = next;
+      }
+  }
+  void* get(std::size_t bytes) {
+    const std::size_t c = Class(bytes);
+    if (c >= kClasses) return ::operator new(bytes);
+    if (void* p = free_[c]) {
+      free_[c] = *static_cast<void**>(p);
+      return p;
+    }
+    return ::operator new((c + 1) * 8);
+  }
+  void put(void* p, std::size_t bytes) {
+    const std::size_t c = Class(bytes);
+    if (c >= kClasses) {
+      ::operator delete(p);
+      return;
+    }
+    *static_cast<void**>(p) = free_[c];
+    free_[c] = p;
+  }
+
+ private:
+  static constexpr std::size_t kClasses = 16;  // nodes up to 128 bytes
+  static std::size_t Class(std::size_t bytes) { return (bytes + 7) / 8 - 1; }
+  void* free_[kClasses] = {};
+};
+
+// An allocator of single nodes from a NodePool (arrays, such as hash
+// buckets, come from operator new).
+template <typename T>
+struct NodeAlloc {
+  using value_type = T;
+  NodePool* pool;
+  explicit NodeAlloc(NodePool* p) : pool(p) {}
+  template <typename U>
+  NodeAlloc(const NodeAlloc<U>& o) : pool(o.pool) {}  // NOLINT
+  T* allocate(std::size_t n) {
+    if (n != 1) return static_cast<T*>(::operator new(n * sizeof(T)));
+    return static_cast<T*>(pool->get(sizeof(T)));
+  }
+  void deallocate(T* p, std::size_t n) {
+    if (n != 1) return ::operator delete(p);
+    pool->put(p, sizeof(T));
+  }
+  template <typename U>
+  bool operator==(const NodeAlloc<U>& o) const { return pool == o.pool; }
+  template <typename U>
+  bool operator!=(const NodeAlloc<U>& o) const { return pool != o.pool; }
+};
+
 // (units, segment, start unit) of a free block: the free index's key, so
 // best fit is a lower_bound.
 using FreeKey = std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>;
-using FreeIndex = std::set<FreeKey>;
+using FreeIndex =
+    std::set<FreeKey, std::less<FreeKey>, NodeAlloc<FreeKey>>;
 
 struct Block {
   std::uint32_t end = 0;  // one past the last unit
@@ -126,12 +191,17 @@ struct Block {
 // by default): blocks are split at the alignment, so a request above
 // small_limit holds at most one alignment more than it asked for. Maps,
 // unmaps and stitched pieces work in whole chunks (chunk = granularity).
+using BlockMap =
+    std::map<std::uint32_t, Block, std::less<std::uint32_t>,
+             NodeAlloc<std::pair<const std::uint32_t, Block>>>;
+
 struct Segment {
+  explicit Segment(NodePool* nodes) : blocks(NodeAlloc<int>(nodes)) {}
   Handle handle = 0;
   std::uintptr_t va = 0;
   std::uint32_t nchunks = 0;
   std::uint32_t stitch_refs = 0;  // stitched ranges mapping its chunks
-  std::map<std::uint32_t, Block> blocks;  // start unit -> block
+  BlockMap blocks;  // start unit -> block
 };
 
 // A run of whole chunks of one segment (start and n in units, both
@@ -203,9 +273,10 @@ struct Lake::Impl {
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
 
   mutable std::mutex mu;
+  NodePool nodes;  // before the containers that use it
   std::unordered_map<std::uint32_t, Segment> segs;
   std::uint32_t next_seg = 1;
-  FreeIndex free_index;  // every free block, by (units, seg, start)
+  FreeIndex free_index{NodeAlloc<FreeKey>(&nodes)};  // by (units, seg, start)
   std::unordered_map<std::uint64_t, Stitched> stitched;
   std::list<std::uint64_t> lru;  // cached stitched ids, most recent first
   std::unordered_map<std::uint64_t, Slab> slabs;
@@ -214,7 +285,11 @@ struct Lake::Impl {
   std::unordered_map<Stream, std::set<std::pair<std::size_t, std::uintptr_t>>>
       small_free;
   std::uint64_t next_id = 1;
-  std::unordered_map<std::uintptr_t, Alloc> live;
+  std::unordered_map<std::uintptr_t, Alloc, std::hash<std::uintptr_t>,
+                     std::equal_to<std::uintptr_t>,
+                     NodeAlloc<std::pair<const std::uintptr_t, Alloc>>>
+      live{16, std::hash<std::uintptr_t>(), std::equal_to<std::uintptr_t>(),
+           NodeAlloc<std::pair<const std::uintptr_t, Alloc>>(&nodes)};
   std::unordered_map<Stream, StreamState> streams;
   std::size_t pending_bytes = 0;  // physical bytes being created right now
   Stats st;
@@ -509,7 +584,7 @@ struct Lake::Impl {
       return s;
     }
     const std::uint32_t id = next_seg++;
-    Segment& seg = segs[id];
+    Segment& seg = segs.try_emplace(id, &nodes).first->second;
     seg.handle = h;
     seg.va = va;
     seg.nchunks = n;
