@@ -364,7 +364,7 @@ def test_capacity_above_the_device(backend: str) -> None:
 
 def test_options_checked_by_the_lake(backend: str) -> None:
     with pytest.raises(jaxlake.ConfigurationError, match="small_limit"):
-        jaxlake.Lake(backend, granularity="64KiB")  # small_limit 1 MiB
+        jaxlake.Lake(backend, granularity="64KiB", small_limit="1MiB")
     with pytest.raises(jaxlake.ConfigurationError, match="alignment"):
         jaxlake.Lake(backend, granularity="64KiB", small_limit="64KiB",
                      alignment="128KiB")

@@ -165,10 +165,13 @@ vmm::Call KindOf(const std::string& name) {
 }
 
 void SetLatency(vmm::LatencyModel& m, const std::string& kind,
-                const std::vector<std::pair<std::uint64_t, double>>& points) {
+                const std::vector<std::uint64_t>& sizes,
+                const std::vector<double>& us) {
+  if (sizes.size() != us.size())
+    throw nb::value_error("sizes and us must be lists of the same length");
   std::vector<vmm::LatencyPoint> p;
-  for (const auto& [bytes, us] : points)
-    p.push_back(vmm::LatencyPoint{static_cast<std::size_t>(bytes), us});
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    p.push_back(vmm::LatencyPoint{static_cast<std::size_t>(sizes[i]), us[i]});
   const std::string problem = m.set(KindOf(kind), std::move(p));
   if (!problem.empty()) throw nb::value_error(problem.c_str());
 }
@@ -281,9 +284,10 @@ void BindReplay(nb::module_& m) {
       "by kind, as points (bytes, us).")
       .def(nb::init<>(), "The published defaults.")
       .def_static("zero", &vmm::LatencyModel::Zero, "Every call free.")
-      .def("set", &SetLatency, "kind"_a, "points"_a,
-           "Replaces one kind's points [(bytes, us), ...]; ValueError "
-           "naming the kind or point when they are invalid.")
+      .def("set", &SetLatency, "kind"_a, "sizes"_a, "us"_a,
+           "Replaces one kind's points (sizes[i] bytes take us[i] "
+           "microseconds); ValueError naming the kind or point when they "
+           "are invalid.")
       .def("points", &LatencyPoints, "kind"_a)
       .def(
           "us",

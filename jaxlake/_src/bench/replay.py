@@ -159,7 +159,7 @@ class Latency:
         points."""
         m = _core().LatencyModel()
         for kind, points in self.calls.items():
-            m.set(kind, list(points))
+            m.set(kind, [b for b, _ in points], [u for _, u in points])
         m.source = self.source
         return m
 
