@@ -73,8 +73,12 @@ class DriverClock {
  public:
   explicit DriverClock(const LatencyModel& model) : model_(model) {}
   void charge(Call c, std::size_t bytes, std::uint64_t n = 1) {
-    times_[static_cast<int>(c)] +=
-        model_.us(c, bytes) * static_cast<double>(n);
+    const int k = static_cast<int>(c);
+    if (bytes != last_bytes_[k]) {  // most calls repeat the last size
+      last_bytes_[k] = bytes;
+      last_us_[k] = model_.us(c, bytes);
+    }
+    times_[k] += last_us_[k] * static_cast<double>(n);
   }
   const CallTimes& times() const { return times_; }
   const LatencyModel& model() const { return model_; }
@@ -82,6 +86,13 @@ class DriverClock {
  private:
   LatencyModel model_;
   CallTimes times_{};
+  std::array<std::size_t, kNumCalls> last_bytes_ = Unset();
+  CallTimes last_us_{};
+  static std::array<std::size_t, kNumCalls> Unset() {
+    std::array<std::size_t, kNumCalls> a{};
+    a.fill(~std::size_t{0});
+    return a;
+  }
 };
 
 }  // namespace jaxlake::vmm
