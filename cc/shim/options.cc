@@ -100,6 +100,19 @@ std::string ReadOptions(ShimOptions* out) {
                        "a decimal fraction in (0, 1]");
     o.capacity_fraction = f;
   }
+  if (const char* v = Env("XLA_PYTHON_CLIENT_MEM_FRACTION")) {
+    char* end = nullptr;
+    errno = 0;
+    const double f = std::strtod(v, &end);
+    if (errno != 0 || end == v || *end != '\0' || !(f > 0.0 && f <= 1.0))
+      return Malformed("XLA_PYTHON_CLIENT_MEM_FRACTION", v,
+                       "a decimal fraction in (0, 1]");
+    o.xla_fraction = f;
+  }
+  if (const char* v = Env("JAXLAKE_TRACE_FLUSH")) {
+    if (!ParseSize(v, &o.trace_flush) || o.trace_flush == 0)
+      return Malformed("JAXLAKE_TRACE_FLUSH", v, "a positive count");
+  }
   if (const char* v = Env("JAXLAKE_TRACE_FILE")) o.trace_file = v;
   *out = o;
   return {};
@@ -114,6 +127,8 @@ std::string OptionsJson(const ShimOptions& o) {
   out += "\"hooks\": " + std::string(JsonBool(o.hooks)) +
          ", \"peer_access\": " + JsonBool(o.peer_access) +
          ", \"capacity_fraction\": " + std::to_string(o.capacity_fraction) +
+         ", \"xla_fraction\": " + std::to_string(o.xla_fraction) +
+         ", \"trace_flush\": " + std::to_string(o.trace_flush) +
          ", \"trace_file\": " + JsonString(o.trace_file) + "}";
   return out;
 }
