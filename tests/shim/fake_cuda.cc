@@ -305,10 +305,13 @@ FAKE_EXPORT CUresult cuInit(unsigned int flags) {
   return CUDA_SUCCESS;
 }
 
+// Needs no cuInit, as in the real driver. FAKECUDA_DRIVER_VERSION, when
+// set, replaces the version (tests of a driver too old for VMM).
 FAKE_EXPORT CUresult cuDriverGetVersion(int* version) {
   FAKE_COUNT();
   if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *version = kDriverVersion;
+  const char* forced = std::getenv("FAKECUDA_DRIVER_VERSION");
+  *version = forced != nullptr ? std::atoi(forced) : kDriverVersion;
   return CUDA_SUCCESS;
 }
 
