@@ -317,7 +317,9 @@ def test_configure_over_fake_driver_serves_xla_calls(
     assert "jaxlake memory report" in out
     assert "FREES 3" in out
     hooks = json.loads(out.split("HOOKS ", 1)[1].splitlines()[0])
-    assert hooks["cuMemAllocFromPoolAsync"]["served"] == 3
+    # Three allocations and the out-of-memory request, all the lake's.
+    assert hooks["cuMemAllocFromPoolAsync"]["served"] == 4
+    assert hooks["cuMemAllocFromPoolAsync"]["failed"] == 1
     assert hooks["cuMemAllocFromPoolAsync"]["forwarded"] == 0
     assert hooks["cuMemAllocFromPoolAsync"]["captured"] == 0
     assert hooks["cuMemFreeAsync"]["served"] == 3
