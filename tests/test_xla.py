@@ -489,8 +489,8 @@ def test_configure_cannot_change_a_preloaded_shims_options(
           "JAXLAKE_CAPACITY": str(1 << 30)})
     assert "RAISED jaxlake's shim was loaded before configure()" in \
         result.stdout, result.stdout + result.stderr
-    assert f"capacity: the shim has {1 << 30}, asked {64 << 20}" in \
-        result.stdout
+    assert (f"capacity: the shim has {1 << 30} bytes / fraction 0.0, asked "
+            f"{64 << 20} bytes / fraction 0.0") in result.stdout
     assert "ACTIVE True" in result.stdout
 
 
@@ -516,6 +516,33 @@ def test_configure_under_jaxlake_run_with_other_options_raises(
     assert "RAISED jaxlake.configure() was already called" in result.stdout, \
         result.stdout + result.stderr
     assert "SAME True" in result.stdout
+
+
+@NEEDS_SHIM
+@pytest.mark.parametrize("flags,expected", [
+    ("", int(FAKE_DEVICE_BYTES * 0.75) // CHUNK * CHUNK),
+    ("--jaxlake_capacity=0.5", FAKE_DEVICE_BYTES // 2),
+    ("--jaxlake_capacity=96MiB", 96 << 20),
+])
+def test_jaxlake_run_hands_its_options_to_the_program(
+        fake_driver: str, flags: str, expected: int) -> None:
+    """The program's own configure() (the examples call it) accepts what
+    `jaxlake run` set up, whatever the capacity form, and the lake gets it."""
+    code = textwrap.dedent("""
+        import jaxlake
+        status = jaxlake.configure()
+        print("ACTIVE", status.active, status.reason)
+    """) + ALLOC_ON_DEVICE_0
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXLAKE")}
+    env.update({"JAXLAKE_REAL_LIBCUDA": fake_driver, "JAX_PLATFORMS": "cpu",
+                "XLA_FLAGS": flags})
+    result = subprocess.run(
+        [sys.executable, "-m", "jaxlake", "run", "--", sys.executable, "-c",
+         code], env=env, capture_output=True, text=True, timeout=120,
+        cwd="/")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ACTIVE True" in result.stdout
+    assert f"CAP {expected}" in result.stdout, result.stdout
 
 
 # -- defect: an inactive configure() leaves no trace ----------------------------

@@ -71,7 +71,11 @@ std::string Malformed(const char* env, const char* value, const char* what) {
 
 std::string ReadOptions(ShimOptions* out) {
   ShimOptions o;
+  // With a fraction, JAXLAKE_CAPACITY is not read (the Python side keeps
+  // the fraction there as text for a child process's own configure()).
+  const bool fraction = Env("JAXLAKE_CAPACITY_FRACTION") != nullptr;
   for (const SizeOption& s : kSizes) {
+    if (fraction && s.field == &LakeOptions::capacity) continue;
     if (const char* v = Env(s.env)) {
       if (!ParseSize(v, &(o.lake.*s.field)))
         return Malformed(s.env, v, "a number of bytes (decimal digits)");

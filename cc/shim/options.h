@@ -2,7 +2,8 @@
 //
 // Lake options (one variable per LakeOptions field; the Python package
 // normalises values, so only plain forms are accepted here):
-//   JAXLAKE_CAPACITY       bytes, 0: the whole device
+//   JAXLAKE_CAPACITY       bytes; unset or 0: XLA's memory fraction (below);
+//                          not read when JAXLAKE_CAPACITY_FRACTION is set
 //   JAXLAKE_SMALL_LIMIT    bytes
 //   JAXLAKE_SMALL_SLAB     bytes, 0: one granule
 //   JAXLAKE_ALIGNMENT      bytes

@@ -53,7 +53,10 @@ def run_environment(environ: Dict[str, str], trace: Optional[str]
     if not os.path.isfile(shim):
         raise ConfigurationError(f"this build of jaxlake has no CUDA shim "
                                  f"({shim} is missing)")
-    env.update(xla.shim_environment(resolved, driver, trace))
+    shim_env = xla.shim_environment(resolved, driver, trace)
+    if xla.FRACTION_ENV not in shim_env:
+        env.pop(xla.FRACTION_ENV, None)
+    env.update(shim_env)
     preload = env.get("LD_PRELOAD", "")
     env["LD_PRELOAD"] = shim + (" " + preload if preload else "")
     env[xla.ALLOCATOR_ENV] = "cuda_async"

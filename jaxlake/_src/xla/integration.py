@@ -536,18 +536,21 @@ def _option_mismatches(shim: _Shim, resolved: Mapping[str, Any]
     out: List[str] = []
     for name in LAKE_OPTIONS:
         var = _options._BY_NAME[name].env
-        if name == "capacity" and FRACTION_ENV in want:
-            got = float(have.get("capacity_fraction", 0.0))
-            if abs(got - float(want[FRACTION_ENV])) > 1e-6:
-                out.append(f"capacity: the shim has "
-                           f"{have.get('capacity')} bytes / fraction {got}, "
-                           f"asked fraction {want[FRACTION_ENV]}")
+        if name == "capacity":
+            got = (int(have.get("capacity", 0)),
+                   round(float(have.get("capacity_fraction", 0.0)), 6))
+            asked = (0, round(float(want[FRACTION_ENV]), 6)) \
+                if FRACTION_ENV in want else (int(want.get(var, 0)), 0.0)
+            if got[1] and asked[1]:
+                got = (0, got[1])  # with a fraction, the bytes do not count
+            if got != asked:
+                out.append(f"capacity: the shim has {got[0]} bytes / "
+                           f"fraction {got[1]}, asked {asked[0]} bytes / "
+                           f"fraction {asked[1]}")
             continue
         value = have.get(name)
         got_text = _env_value(value) if isinstance(value, (bool, int)) \
             else str(value)
-        if name == "capacity" and float(have.get("capacity_fraction", 0)):
-            got_text = f"fraction {have.get('capacity_fraction')}"
         if got_text != want.get(var):
             out.append(f"{name}: the shim has {got_text}, asked "
                        f"{want.get(var)}")
@@ -590,7 +593,9 @@ def _configure(resolved: Dict[str, Any], trace: Optional[str]) -> Status:
     # The shim reads these at its first call: set them first, and take them
     # back if the lake turns out inactive.
     env = shim_environment(resolved, driver, trace)
-    saved = {var: os.environ.get(var) for var in env}
+    saved = {var: os.environ.get(var) for var in [*env, FRACTION_ENV]}
+    if FRACTION_ENV not in env:
+        os.environ.pop(FRACTION_ENV, None)  # a parent's, not asked here
     os.environ.update(env)
     shim = _Shim(shim_path())
     _shim = shim
@@ -654,11 +659,11 @@ def shim_environment(resolved: Mapping[str, Any], driver: str,
     for name, value in resolved.items():
         var = _options._BY_NAME[name].env
         if name == "capacity" and isinstance(value, float):
+            # The shim reads the fraction (and then ignores JAXLAKE_CAPACITY,
+            # which stays readable for a child's own configure()).
             env[FRACTION_ENV] = repr(value)
-            env[var] = "0"
-        elif value is None:
-            env[var] = "0"
-        else:
+            env[var] = repr(value)
+        elif value is not None:  # capacity None: XLA's memory fraction
             env[var] = _env_value(value)
     if trace:
         env[TRACE_ENV] = os.path.abspath(trace)
