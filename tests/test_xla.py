@@ -569,12 +569,15 @@ print("CHILD", child.stdout.strip())
     ({"JAXLAKE_SHIM_HOOKS": "0"}, "JAXLAKE_SHIM_HOOKS=0"),
 ])
 def test_inactive_configure_changes_nothing(
-        fake_driver: str, setting: Dict[str, str], reason: str) -> None:
+        fake_driver: str, setting: Dict[str, str], reason: str,
+        tmp_path: pathlib.Path) -> None:
     env = {"JAXLAKE_REAL_LIBCUDA": fake_driver, **setting}
-    result = run_python(SNAPSHOT + """
+    trace = tmp_path / "never.jsonl"
+    result = run_python(SNAPSHOT + f"""
 import ctypes, jaxlake
-status = jaxlake.configure(capacity="64MiB", stitch=False)
+status = jaxlake.configure(capacity="64MiB", stitch=False, trace={str(trace)!r})
 print("ACTIVE", status.active, status.reason)
+print("TRACE_FILE", os.path.exists({str(trace)!r}))
 """ + AFTER + """
 # The loaded shim forwards every call: the driver's pool serves this one.
 cuda = ctypes.CDLL("libcuda.so.1")
@@ -592,6 +595,7 @@ print("HOOK", hooks["served"], hooks["forwarded"], xla.devices())
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
     assert "ACTIVE False" in out and reason in out, out
+    assert "TRACE_FILE False" in out, out
     assert "ENV_SAME True" in out, out
     # The child sees only the test's own variables.
     own = sorted(k for k in env if k.startswith("JAXLAKE"))

@@ -44,6 +44,7 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <utility>
 
 #include "cc/shim/lakes.h"
 #include "cc/shim/loader.h"
@@ -159,29 +160,32 @@ struct OpenCapture {
   std::thread::id thread;
   int mode;
 };
+// The key of a capture: its stream, and for a per-thread default stream
+// (one per thread, with one handle value) the thread as well.
+using CaptureKey = std::pair<std::uintptr_t, std::thread::id>;
 std::mutex g_capture_mu;
-std::map<std::uintptr_t, OpenCapture>& Captures() {
-  static auto* const captures = new std::map<std::uintptr_t, OpenCapture>;
+std::map<CaptureKey, OpenCapture>& Captures() {
+  static auto* const captures = new std::map<CaptureKey, OpenCapture>;
   return *captures;
 }
 std::atomic<int> g_open{0};
 
-// The key of a capture's stream (the per-thread default stream is one per
-// thread, but a thread can only capture its own).
-std::uintptr_t CaptureKey(CUstream stream, bool per_thread) {
-  return static_cast<std::uintptr_t>(LakeStream(stream, per_thread));
+CaptureKey KeyOf(CUstream stream, bool per_thread) {
+  const auto s = static_cast<std::uintptr_t>(LakeStream(stream, per_thread));
+  return {s, s == cu::kStreamPerThread ? std::this_thread::get_id()
+                                       : std::thread::id()};
 }
 
 void CaptureBegun(CUstream stream, bool per_thread, int mode) {
   std::lock_guard<std::mutex> lock(g_capture_mu);
-  Captures()[CaptureKey(stream, per_thread)] =
+  Captures()[KeyOf(stream, per_thread)] =
       OpenCapture{std::this_thread::get_id(), mode};
   g_open.store(static_cast<int>(Captures().size()), std::memory_order_release);
 }
 
 void CaptureEnded(CUstream stream, bool per_thread) {
   std::lock_guard<std::mutex> lock(g_capture_mu);
-  Captures().erase(CaptureKey(stream, per_thread));
+  Captures().erase(KeyOf(stream, per_thread));
   g_open.store(static_cast<int>(Captures().size()), std::memory_order_release);
 }
 

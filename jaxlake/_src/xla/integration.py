@@ -592,7 +592,9 @@ def _configure(resolved: Dict[str, Any], trace: Optional[str]) -> Status:
                       options=resolved)
     # The shim reads these at its first call: set them first, and take them
     # back if the lake turns out inactive.
-    env = shim_environment(resolved, driver, trace)
+    # The trace starts once the lake is known to be active (below), so an
+    # inactive one leaves no file behind.
+    env = shim_environment(resolved, driver, None)
     saved = {var: os.environ.get(var) for var in [*env, FRACTION_ENV]}
     if FRACTION_ENV not in env:
         os.environ.pop(FRACTION_ENV, None)  # a parent's, not asked here
@@ -609,6 +611,12 @@ def _configure(resolved: Dict[str, Any], trace: Optional[str]) -> Status:
         _restore_environ(saved)
         return Status(False, problem, driver=driver, shim=shim.path,
                       driver_version=version, options=resolved)
+    if trace:
+        rc = shim.trace_start(os.path.abspath(trace), None)
+        if rc != 0:
+            shim.disable(f"cannot write the trace to {trace}")
+            _restore_environ(saved)
+            raise OSError(-rc, f"cannot write the trace to {trace}")
     _set_allocator_env()
     return Status(True, "", driver=driver, shim=shim.path,
                   driver_version=version, options=resolved)
