@@ -545,6 +545,30 @@ def test_jaxlake_run_hands_its_options_to_the_program(
     assert f"CAP {expected}" in result.stdout, result.stdout
 
 
+@NEEDS_SHIM
+def test_status_names_a_device_found_without_vmm_later(
+        fake_driver: str) -> None:
+    """configure() checks no device; the first request on device 2 (no VMM
+    in the fake driver) finds it out, and status() says so."""
+    result = run_python("""
+        import ctypes, jaxlake
+        print("BEFORE", repr(jaxlake.configure().reason))
+        cuda = ctypes.CDLL("libcuda.so.1")
+        assert cuda.cuInit(0) == 0
+        dev = ctypes.c_int(); cuda.cuDeviceGet(ctypes.byref(dev), 2)
+        ctx = ctypes.c_void_p(); cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+        cuda.cuCtxSetCurrent(ctx)
+        pool = ctypes.c_void_p(); cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), dev)
+        p = ctypes.c_uint64()
+        assert cuda.cuMemAllocFromPoolAsync(ctypes.byref(p), ctypes.c_size_t(4096), pool, None) == 0
+        status = jaxlake.status()
+        print("AFTER", status.active, status.reason)
+    """, {"JAXLAKE_REAL_LIBCUDA": fake_driver})
+    assert "BEFORE ''" in result.stdout, result.stdout + result.stderr
+    assert "AFTER True device 2: device 2 does not support virtual memory " \
+        "management" in result.stdout, result.stdout
+
+
 # -- defect: an inactive configure() leaves no trace ----------------------------
 
 SNAPSHOT = """

@@ -15,13 +15,13 @@ run stopped by its time limit still reports the steps it finished:
             allocation and free (forwarded 0), stitches, the bytes written
             through the stitched buffer read back equal, and both the shim
             and the real driver are loaded
+  latency   each driver call's latency by size (benchmarks/gpu/latency.py),
+            in the format of `jaxlake bench --latency FILE`
   train     20 training steps (examples/train_lm.py) with the lake and with
             cuda_async on the driver's pool (the shim loaded with
             JAXLAKE_SHIM_HOOKS=0), both with --xla_gpu_deterministic_ops:
             equal losses, the lake's allocation count, step-time ratio and
             peak reserved bytes
-  latency   each driver call's latency by size (benchmarks/gpu/latency.py),
-            in the format of `jaxlake bench --latency FILE`
   sanitizer (--sanitizer) the stress program under compute-sanitizer
   capacity  (--capacity-search) the largest batch under a memory cap
 
@@ -52,7 +52,7 @@ TRAIN = REPO / "examples" / "train_lm.py"
 WORKDIR = "/"
 
 EXIT_FAILED, EXIT_NO_GPU, EXIT_OUT_OF_TIME = 1, 3, 4
-STEPS = ("env", "doctor", "fragment", "train", "latency")
+STEPS = ("env", "doctor", "fragment", "latency", "train")
 OPT_IN = ("sanitizer", "capacity")
 
 # The minimum driver API version of each CUDA plugin (its CUDA major).

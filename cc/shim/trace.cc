@@ -20,6 +20,10 @@ int TraceWriter::Start(const std::string& path, const std::string& name,
   errno = 0;
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) return errno != 0 ? -errno : -1;
+  // A buffer large enough that the file is written only at the flushes
+  // (every flush_every_ events, Flush, Stop): what a dead process leaves is
+  // whole lines.
+  std::setvbuf(f, nullptr, _IOFBF, std::size_t{1} << 20);
   file_ = f;
   path_ = path;
   name_ = name;

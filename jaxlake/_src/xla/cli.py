@@ -207,6 +207,8 @@ def doctor(out: TextIO, start_jax: bool = True) -> int:
         stats = loaded.stats(ordinal) if loaded is not None else None
         if stats:
             line(f"lake {ordinal} capacity", _gib(int(stats["capacity"])))
+    if xla.status().reason:
+        line("lake notes", xla.status().reason)
     return 0
 
 

@@ -708,9 +708,15 @@ def _loaded_shim() -> Optional[_Shim]:
 
 
 def status() -> Status:
-    """The lake's status in this process (configured or not)."""
+    """The lake's status in this process (configured or not). The reason
+    of an active one names what the shim found since: a device that could
+    not have a lake (no VMM support, ...) and stays with the driver."""
     if _configured is not None:
-        return _configured[1]
+        configured = _configured[1]
+        shim = _loaded_shim()
+        if configured.active and shim is not None and shim.reason():
+            return dataclasses.replace(configured, reason=shim.reason())
+        return configured
     shim = _loaded_shim()
     if shim is None:
         return Status(False, "jaxlake.configure() was not called and the "
