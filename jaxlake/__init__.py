@@ -4,7 +4,7 @@ Public API; the implementation lives in jaxlake._src and the compiled core
 in jaxlake._core (both private).
 """
 
-from importlib import metadata as _metadata
+from typing import Any as _Any
 
 from jaxlake._src.errors import ConfigurationError
 from jaxlake._src.errors import ConfigurationWarning
@@ -30,7 +30,19 @@ from jaxlake._src.xla.integration import stats
 from jaxlake._src.xla.integration import status
 from jaxlake._src.xla.integration import trace
 
-__version__: str = _metadata.version("jaxlake")
+
+
+def __getattr__(name: str) -> _Any:
+    # __version__ is looked up when first asked for: importlib.metadata costs
+    # a noticeable share of every interpreter start under JAXLAKE=1 (the
+    # start-up hook imports this package).
+    if name == "__version__":
+        from importlib import metadata
+        version: str = metadata.version("jaxlake")
+        globals()["__version__"] = version
+        return version
+    raise AttributeError(f"module 'jaxlake' has no attribute {name!r}")
+
 
 __all__ = [
     "ConfigurationError",

@@ -76,13 +76,52 @@ def test_shim_environment_normalises_values() -> None:
 
 def test_setting_warnings_name_the_bypass() -> None:
     warn = xla_cli.setting_warnings({
-        "XLA_FLAGS": "--xla_gpu_command_buffer_update_mode=RECONSTRUCT",
+        "XLA_FLAGS": "--xla_gpu_command_buffer_update_mode=NEVER_UPDATE",
         "XLA_PYTHON_CLIENT_ALLOCATOR": "bfc",
         "XLA_PYTHON_CLIENT_PREALLOCATE": "true"})
-    assert len(warn) == 3
-    assert "own VMM allocator" in warn[0]
+    assert len(warn) == 3, warn
+    assert "NEVER_UPDATE" in warn[0] and "own VMM allocator" in warn[0]
+    assert "bfc" in warn[1]
+    assert "preallocation" in warn[2]
+    warn = xla_cli.setting_warnings({
+        "XLA_FLAGS": "--xla_gpu_command_buffer_update_mode=CAPTURE_CMD_NEVER_UPDATE"})
+    assert len(warn) == 1 and "own VMM allocator" in warn[0]
+    # A value XLA does not know is named as such, not as a bypass.
+    warn = xla_cli.setting_warnings({
+        "XLA_FLAGS": "--xla_gpu_command_buffer_update_mode=RECONSTRUCT"})
+    assert len(warn) == 1 and "not one of XLA's values" in warn[0]
     assert not xla_cli.setting_warnings({
         "XLA_FLAGS": "--xla_gpu_command_buffer_update_mode=ALWAYS_UPDATE"})
+    assert not xla_cli.setting_warnings({"XLA_FLAGS": "--xla_gpu_autotune_level=0"})
+
+
+def test_update_modes_are_the_plugins_own() -> None:
+    """The update modes the doctor knows are those of the installed CUDA
+    plugin's CommandBufferUpdateMode enum, and no other."""
+    import re
+    data = _plugin_library().read_bytes()
+    assert b"xla_gpu_command_buffer_update_mode" in data
+    # The enum's serialized descriptor: its name (23 bytes), then its
+    # values' names.
+    at = data.index(b"\n\x17CommandBufferUpdateMode") + 25
+    values = re.findall(rb"[A-Z][A-Z_]{4,}", data[at:at + 100])
+    modes = {v.decode() for v in values} & {
+        "ALWAYS_UPDATE", "NEVER_UPDATE", "CAPTURE_CMD_NEVER_UPDATE",
+        "RECONSTRUCT"}
+    assert modes == set(xla_cli.UPDATE_MODES), values
+    assert b"xla_gpu_experimental_vmm_disabled" not in data
+
+
+def _plugin_library() -> pathlib.Path:
+    """xla_cuda_plugin.so of the pinned jax-cuda12-plugin (test extra)."""
+    try:
+        import jax_plugins.xla_cuda12 as plugin  # type: ignore
+    except ImportError:
+        pytest.skip("jax-cuda12-plugin is not installed (the test extra "
+                    "brings it on Python 3.11 or newer)")
+    path = pathlib.Path(plugin.__file__).parent / "xla_cuda_plugin.so"
+    assert path.is_file(), path
+    return path
 
 
 # -- configure() without a driver ------------------------------------------------
@@ -237,7 +276,8 @@ for size in (8 << 20, 1000, 24 << 20):
 big = ctypes.c_uint64()
 print("OOM_RC", cuda.cuMemAllocFromPoolAsync(ctypes.byref(big), ctypes.c_size_t(1 << 30), pool, stream))
 used = ctypes.c_uint64()
-cuda.cuMemPoolGetAttribute(pool, 3, ctypes.byref(used))  # USED_MEM_CURRENT
+USED_MEM_CURRENT = 7  # CU_MEMPOOL_ATTR_USED_MEM_CURRENT
+assert cuda.cuMemPoolGetAttribute(pool, USED_MEM_CURRENT, ctypes.byref(used)) == 0
 print("POOL_USED", used.value)
 s = jaxlake.stats()
 print("ALLOCS", s.allocs, "IN_USE", s.bytes_in_use, "RESERVED", s.bytes_reserved)
@@ -271,12 +311,18 @@ def test_configure_over_fake_driver_serves_xla_calls(
     assert "ACTIVE True" in out
     assert "OOM_RC 2" in out  # CUDA_ERROR_OUT_OF_MEMORY
     assert "ALLOCS 3 IN_USE " + str((8 << 20) + 1000 + (24 << 20)) in out
-    assert f"POOL_USED {(8 << 20) + 1000 + (24 << 20)}" in out or \
-        "POOL_USED" in out
+    # Used memory as handed out: whole 2 MiB chunks for the two large
+    # requests, the small one rounded to the 256-byte alignment.
+    assert f"POOL_USED {(8 << 20) + 1024 + (24 << 20)}" in out
     assert "jaxlake memory report" in out
     assert "FREES 3" in out
     hooks = json.loads(out.split("HOOKS ", 1)[1].splitlines()[0])
-    assert hooks["cuMemAllocFromPoolAsync"]["served"] >= 3
+    # Three allocations and the out-of-memory request, all the lake's.
+    assert hooks["cuMemAllocFromPoolAsync"]["served"] == 4
+    assert hooks["cuMemAllocFromPoolAsync"]["failed"] == 1
+    assert hooks["cuMemAllocFromPoolAsync"]["forwarded"] == 0
+    assert hooks["cuMemAllocFromPoolAsync"]["captured"] == 0
+    assert hooks["cuMemFreeAsync"]["served"] == 3
     lines = trace.read_text().splitlines()
     header = json.loads(lines[0])
     assert header["format"] == "jaxlake-trace"
@@ -325,7 +371,7 @@ def test_jaxlake_run_preloads_the_shim(fake_driver: str) -> None:
 def test_doctor_reports(tmp_path: pathlib.Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAXLAKE")}
     env["JAX_PLATFORMS"] = "cpu"
-    env["XLA_FLAGS"] = "--xla_gpu_command_buffer_update_mode=RECONSTRUCT"
+    env["XLA_FLAGS"] = "--xla_gpu_command_buffer_update_mode=NEVER_UPDATE"
     result = subprocess.run([sys.executable, "-m", "jaxlake", "doctor"],
                             env=env, capture_output=True, text=True,
                             timeout=180, cwd="/")
@@ -344,29 +390,405 @@ def test_public_names() -> None:
         assert callable(getattr(jaxlake, name))
 
 
-@pytest.mark.skipif(not os.path.isfile(xla.shim_path()),
-                    reason="this build of jaxlake has no CUDA shim")
-def test_capacity_fraction_applies_to_the_device(fake_driver: str) -> None:
-    result = run_python("""
-        import ctypes
+NEEDS_SHIM = pytest.mark.skipif(
+    not os.path.isfile(xla.shim_path()),
+    reason="this build of jaxlake has no CUDA shim (x86-64 Linux only)")
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+# Makes device 0 ready as XLA does (cuInit, primary context, default pool)
+# and allocates through the hook; prints the lake's capacity.
+ALLOC_ON_DEVICE_0 = """
+import ctypes
+from jaxlake._src.xla import integration as xla
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+dev = ctypes.c_int(); cuda.cuDeviceGet(ctypes.byref(dev), 0)
+ctx = ctypes.c_void_p(); cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+cuda.cuCtxSetCurrent(ctx)
+pool = ctypes.c_void_p(); cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), dev)
+p = ctypes.c_uint64()
+assert cuda.cuMemAllocFromPoolAsync(ctypes.byref(p), ctypes.c_size_t(4 << 20), pool, None) == 0
+print("CAP", xla._loaded_shim().stats(0)["capacity"])
+"""
+
+FAKE_DEVICE_BYTES = 1 << 30  # tests/shim/fake_cuda.cc
+CHUNK = 2 << 20
+
+
+@NEEDS_SHIM
+@pytest.mark.parametrize("kwargs,xla_fraction,expected", [
+    ("", None, int(FAKE_DEVICE_BYTES * 0.75) // CHUNK * CHUNK),
+    ("", "0.5", FAKE_DEVICE_BYTES // 2),
+    ("capacity=0.25", None, FAKE_DEVICE_BYTES // 4),
+    # An explicit lake capacity wins over XLA's fraction.
+    ("capacity='64MiB'", "0.5", 64 << 20),
+    ("capacity=0.3", "0.9", int(FAKE_DEVICE_BYTES * 0.3) // CHUNK * CHUNK),
+])
+def test_default_capacity_is_xla_memory_fraction(
+        fake_driver: str, kwargs: str, xla_fraction: Optional[str],
+        expected: int) -> None:
+    env = {"JAXLAKE_REAL_LIBCUDA": fake_driver}
+    if xla_fraction is not None:
+        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = xla_fraction
+    result = run_python(textwrap.dedent(f"""
         import jaxlake
         from jaxlake._src.xla import integration as xla
-        status = jaxlake.configure(capacity=0.25)
+        status = jaxlake.configure({kwargs})
         assert status.active, status.reason
+        print("PY", xla.effective_capacity(status.options, {FAKE_DEVICE_BYTES}))
+    """) + ALLOC_ON_DEVICE_0, env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert f"CAP {expected}" in result.stdout, result.stdout
+    # The doctor's figure (Python) is the shim's.
+    assert f"PY {expected}" in result.stdout, result.stdout
+
+
+@NEEDS_SHIM
+def test_doctor_shows_the_effective_capacity(fake_driver: str) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXLAKE")}
+    env.update({"JAX_PLATFORMS": "cpu", "JAXLAKE_REAL_LIBCUDA": fake_driver,
+                "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"})
+    result = subprocess.run([sys.executable, "-m", "jaxlake", "doctor",
+                             "--no-jax"], env=env, capture_output=True,
+                            text=True, timeout=180, cwd="/")
+    assert result.returncode == 0, result.stderr
+    out = result.stdout
+    assert "capacity:              0.5 of each device's memory (from " \
+        "XLA_PYTHON_CLIENT_MEM_FRACTION)" in out, out
+    assert "device 0:              1.00 GiB, virtual memory management " \
+        "supported; lake capacity 0.50 GiB" in out, out
+    assert "device 2:              1.00 GiB, virtual memory management NOT " \
+        "supported" in out, out
+    env.pop("XLA_PYTHON_CLIENT_MEM_FRACTION")
+    env["JAXLAKE_CAPACITY"] = "256MiB"
+    out = subprocess.run([sys.executable, "-m", "jaxlake", "doctor",
+                          "--no-jax"], env=env, capture_output=True,
+                         text=True, timeout=180, cwd="/").stdout
+    assert "capacity:              0.25 GiB (from the capacity option)" in out
+    assert "lake capacity 0.25 GiB" in out, out
+
+
+# -- defect: options given to configure() after the shim was loaded -------------
+
+
+@NEEDS_SHIM
+def test_configure_cannot_change_a_preloaded_shims_options(
+        fake_driver: str) -> None:
+    """Loaded by LD_PRELOAD, the shim has read its options: configure()
+    with others raises and says why; with the same ones it is active."""
+    result = run_python("""
+        import jaxlake
+        try:
+            jaxlake.configure(capacity="64MiB")
+        except jaxlake.ConfigurationError as e:
+            print("RAISED", e)
+        status = jaxlake.configure(capacity="1GiB")
+        print("ACTIVE", status.active)
+    """, {"JAXLAKE_REAL_LIBCUDA": fake_driver,
+          "LD_PRELOAD": xla.shim_path(),
+          "JAXLAKE_CAPACITY": str(1 << 30)})
+    assert "RAISED jaxlake's shim was loaded before configure()" in \
+        result.stdout, result.stdout + result.stderr
+    assert (f"capacity: the shim has {1 << 30} bytes / fraction 0.0, asked "
+            f"{64 << 20} bytes / fraction 0.0") in result.stdout
+    assert "ACTIVE True" in result.stdout
+
+
+@NEEDS_SHIM
+def test_configure_under_jaxlake_run_with_other_options_raises(
+        fake_driver: str) -> None:
+    code = textwrap.dedent("""
+        import jaxlake
+        try:
+            status = jaxlake.configure(capacity="64MiB")
+            print("STATUS", status, status.options["capacity"])
+        except jaxlake.ConfigurationError as e:
+            print("RAISED", e)
+        print("SAME", jaxlake.configure().active)
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXLAKE")}
+    env.update({"JAXLAKE_REAL_LIBCUDA": fake_driver, "JAX_PLATFORMS": "cpu",
+                "XLA_FLAGS": "--jaxlake_capacity=1GiB"})
+    result = subprocess.run(
+        [sys.executable, "-m", "jaxlake", "run", "--", sys.executable, "-c",
+         code], env=env, capture_output=True, text=True, timeout=120,
+        cwd="/")
+    assert "RAISED jaxlake.configure() was already called" in result.stdout, \
+        result.stdout + result.stderr
+    assert "SAME True" in result.stdout
+
+
+@NEEDS_SHIM
+@pytest.mark.parametrize("flags,expected", [
+    ("", int(FAKE_DEVICE_BYTES * 0.75) // CHUNK * CHUNK),
+    ("--jaxlake_capacity=0.5", FAKE_DEVICE_BYTES // 2),
+    ("--jaxlake_capacity=96MiB", 96 << 20),
+])
+def test_jaxlake_run_hands_its_options_to_the_program(
+        fake_driver: str, flags: str, expected: int) -> None:
+    """The program's own configure() (the examples call it) accepts what
+    `jaxlake run` set up, whatever the capacity form, and the lake gets it."""
+    code = textwrap.dedent("""
+        import jaxlake
+        status = jaxlake.configure()
+        print("ACTIVE", status.active, status.reason)
+    """) + ALLOC_ON_DEVICE_0
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXLAKE")}
+    env.update({"JAXLAKE_REAL_LIBCUDA": fake_driver, "JAX_PLATFORMS": "cpu",
+                "XLA_FLAGS": flags})
+    result = subprocess.run(
+        [sys.executable, "-m", "jaxlake", "run", "--", sys.executable, "-c",
+         code], env=env, capture_output=True, text=True, timeout=120,
+        cwd="/")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ACTIVE True" in result.stdout
+    assert f"CAP {expected}" in result.stdout, result.stdout
+
+
+@NEEDS_SHIM
+def test_status_names_a_device_found_without_vmm_later(
+        fake_driver: str) -> None:
+    """configure() checks no device; the first request on device 2 (no VMM
+    in the fake driver) finds it out, and status() says so."""
+    result = run_python("""
+        import ctypes, jaxlake
+        print("BEFORE", repr(jaxlake.configure().reason))
         cuda = ctypes.CDLL("libcuda.so.1")
-        dev = ctypes.c_int(); cuda.cuDeviceGet(ctypes.byref(dev), 0)
+        assert cuda.cuInit(0) == 0
+        dev = ctypes.c_int(); cuda.cuDeviceGet(ctypes.byref(dev), 2)
         ctx = ctypes.c_void_p(); cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
         cuda.cuCtxSetCurrent(ctx)
         pool = ctypes.c_void_p(); cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), dev)
         p = ctypes.c_uint64()
-        assert cuda.cuMemAllocFromPoolAsync(ctypes.byref(p), ctypes.c_size_t(4 << 20), pool, None) == 0
-        total = status.devices[0].total_memory
-        print("CAP", xla._loaded_shim().stats(0)["capacity"], total)
+        assert cuda.cuMemAllocFromPoolAsync(ctypes.byref(p), ctypes.c_size_t(4096), pool, None) == 0
+        status = jaxlake.status()
+        print("AFTER", status.active, status.reason)
     """, {"JAXLAKE_REAL_LIBCUDA": fake_driver})
+    assert "BEFORE ''" in result.stdout, result.stdout + result.stderr
+    assert "AFTER True device 2: device 2 does not support virtual memory " \
+        "management" in result.stdout, result.stdout
+
+
+# -- defect: an inactive configure() leaves no trace ----------------------------
+
+SNAPSHOT = """
+import json, os, subprocess, sys
+def snapshot():
+    return {k: v for k, v in os.environ.items()
+            if k.startswith(("JAXLAKE", "XLA_"))}
+before = snapshot()
+"""
+AFTER = """
+print("ENV_SAME", snapshot() == before, json.dumps(snapshot()))
+child = subprocess.run([sys.executable, "-c",
+    "import os; print(sorted(k for k in os.environ if k.startswith(('JAXLAKE', 'XLA_PYTHON'))))"],
+    capture_output=True, text=True, env={k: v for k, v in os.environ.items() if k != "JAXLAKE"})
+print("CHILD", child.stdout.strip())
+"""
+
+
+@NEEDS_SHIM
+@pytest.mark.parametrize("setting,reason", [
+    ({"FAKECUDA_DRIVER_VERSION": "10010"}, "too old for virtual memory"),
+    ({"JAXLAKE_SHIM_HOOKS": "0"}, "JAXLAKE_SHIM_HOOKS=0"),
+])
+def test_inactive_configure_changes_nothing(
+        fake_driver: str, setting: Dict[str, str], reason: str,
+        tmp_path: pathlib.Path) -> None:
+    env = {"JAXLAKE_REAL_LIBCUDA": fake_driver, **setting}
+    trace = tmp_path / "never.jsonl"
+    result = run_python(SNAPSHOT + f"""
+import ctypes, jaxlake
+status = jaxlake.configure(capacity="64MiB", stitch=False, trace={str(trace)!r})
+print("ACTIVE", status.active, status.reason)
+print("TRACE_FILE", os.path.exists({str(trace)!r}))
+""" + AFTER + """
+# The loaded shim forwards every call: the driver's pool serves this one.
+cuda = ctypes.CDLL("libcuda.so.1")
+assert cuda.cuInit(0) == 0
+dev = ctypes.c_int(); cuda.cuDeviceGet(ctypes.byref(dev), 0)
+ctx = ctypes.c_void_p(); cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
+cuda.cuCtxSetCurrent(ctx)
+pool = ctypes.c_void_p(); cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), dev)
+p = ctypes.c_uint64()
+assert cuda.cuMemAllocFromPoolAsync(ctypes.byref(p), ctypes.c_size_t(4 << 20), pool, None) == 0
+hooks = jaxlake.hook_counts()["cuMemAllocFromPoolAsync"]
+from jaxlake._src.xla import integration as xla
+print("HOOK", hooks["served"], hooks["forwarded"], xla.devices())
+""", env)
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert "ACTIVE False" in out and reason in out, out
+    assert "TRACE_FILE False" in out, out
+    assert "ENV_SAME True" in out, out
+    # The child sees only the test's own variables.
+    own = sorted(k for k in env if k.startswith("JAXLAKE"))
+    assert f"CHILD {own}" in out, out
+    assert "HOOK 0 1 []" in out, out
+
+
+@pytest.mark.skipif(HAS_DRIVER, reason="a CUDA driver is installed here")
+def test_no_driver_changes_nothing() -> None:
+    result = run_python(SNAPSHOT + """
+import jaxlake
+print("ACTIVE", jaxlake.configure().active)
+""" + AFTER)
+    assert "ACTIVE False" in result.stdout, result.stdout + result.stderr
+    assert "ENV_SAME True" in result.stdout
+    assert "CHILD []" in result.stdout
+
+
+# -- defect: start-up cost and fork safety --------------------------------------
+
+
+@NEEDS_SHIM
+def test_configure_does_not_initialise_cuda(fake_driver: str) -> None:
+    """configure() asks only cuDriverGetVersion (no cuInit), so the process
+    may fork as after `import jax`; the lake's checks wait for the first
+    hooked call."""
+    result = run_python(textwrap.dedent(f"""
+        import ctypes, os, jaxlake
+        status = jaxlake.configure()
+        print("ACTIVE", status.active, status.driver_version)
+        fake = ctypes.CDLL({fake_driver!r})
+        fake.fakecuda_calls.restype = ctypes.c_ulonglong
+        for name in (b"cuInit", b"cuDriverGetVersion", b"cuDeviceGetCount"):
+            print("CALLS", name.decode(), fake.fakecuda_calls(name))
+        pid = os.fork()
+        if pid == 0:
+            # The child starts CUDA on its own, as a fresh process would.
+            cuda = ctypes.CDLL("libcuda.so.1")
+            os._exit(0 if cuda.cuInit(0) == 0 else 3)
+        print("CHILD", os.waitpid(pid, 0)[1])
+    """) + ALLOC_ON_DEVICE_0, {"JAXLAKE_REAL_LIBCUDA": fake_driver})
+    out = result.stdout
+    assert result.returncode == 0, out + result.stderr
+    assert "ACTIVE True 13000" in out
+    assert "CALLS cuInit 0" in out
+    assert "CALLS cuDriverGetVersion 1" in out
+    assert "CALLS cuDeviceGetCount 0" in out
+    assert "CHILD 0" in out
+    assert f"CAP {int(FAKE_DEVICE_BYTES * 0.75) // CHUNK * CHUNK}" in out
+
+
+def test_startup_hook_imports_nothing_heavy() -> None:
+    """With JAXLAKE=1 but no driver, the hook costs an import of jaxlake:
+    no subprocess (the old linker-cache query) and no JAX."""
+    result = run_python("""
+        import sys
+        print("JAX", "jax" in sys.modules)
+        print("SUBPROCESS", "subprocess" in sys.modules)
+    """, {"JAXLAKE": "1", "JAXLAKE_REAL_LIBCUDA": "/nonexistent"})
+    assert "JAX False" in result.stdout, result.stdout + result.stderr
+    assert "SUBPROCESS False" in result.stdout, result.stdout
+
+
+# -- defect: one driver search order ---------------------------------------------
+
+
+def test_driver_dirs_are_the_loaders() -> None:
+    text = (REPO / "cc" / "shim" / "loader.cc").read_text()
+    block = text[text.index("kDriverDirs[] = {"):]
+    block = block[:block.index("};")]
+    import re
+    assert tuple(re.findall(r'"([^"]+)"', block)) == xla.DRIVER_DIRS
+
+
+@NEEDS_SHIM
+def test_python_and_the_shim_find_the_same_driver(
+        fake_driver: str, tmp_path: pathlib.Path) -> None:
+    """LD_LIBRARY_PATH first (a forward-compatibility driver), in its order,
+    for both the Python side and the shim's own loader."""
+    first, second = tmp_path / "compat", tmp_path / "other"
+    for d in (first, second):
+        d.mkdir()
+        (d / "libcuda.so.1").symlink_to(fake_driver)
+    env = {"LD_LIBRARY_PATH": f"relative/dir:{first}:{second}"}
+    assert xla.find_real_driver(env) == (str(first / "libcuda.so.1"), "")
+    assert xla.driver_candidates(env)[:2] == [
+        str(first / "libcuda.so.1"), str(second / "libcuda.so.1")]
+    # The shim, preloaded without JAXLAKE_REAL_LIBCUDA, searches itself.
+    result = run_python("""
+        import ctypes, json
+        cuda = ctypes.CDLL("libcuda.so.1")
+        v = ctypes.c_int(); assert cuda.cuDriverGetVersion(ctypes.byref(v)) == 0
+        from jaxlake._src.xla import integration as xla
+        print("SHIM", xla._already_loaded_shim().status()["real_libcuda"])
+        print("PY", xla.find_real_driver()[0])
+    """, {**env, "LD_PRELOAD": xla.shim_path()})
     assert result.returncode == 0, result.stdout + result.stderr
-    cap, total = map(int, result.stdout.split("CAP ")[1].split())
-    chunk = 2 << 20
-    assert cap == int(total * 0.25) // chunk * chunk
+    assert f"SHIM {first / 'libcuda.so.1'}" in result.stdout, result.stdout
+    assert f"PY {first / 'libcuda.so.1'}" in result.stdout
+
+
+# -- defect: symbol coverage against the pinned plugin ----------------------------
+
+
+def _gen_symbols() -> Any:
+    import importlib.util
+    spec = importlib.util.spec_from_file_location(
+        "gen_symbols", REPO / "cc" / "shim" / "gen_symbols.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_symbol_list_covers_the_plugins_name_table() -> None:
+    gen = _gen_symbols()
+    names = gen.plugin_names(_plugin_library())
+    # jax-cuda12-plugin 0.10.2 resolves 638 driver names.
+    assert len(names) >= 600, len(names)
+    assert "cuMemAllocFromPoolAsync" in names and "cuInit" in names
+    listed = gen.read_list(REPO / "cc" / "shim" / "cuda_symbols.txt")
+    assert sorted(names - listed) == []
+    for name in ("cuLaunchHostFunc_v2", "cuLaunchHostFunc_v2_ptsz",
+                 "cudbgApiInit", "cudbgReportDriverApiError"):
+        assert name in listed
+
+
+@NEEDS_SHIM
+def test_the_built_shim_exports_the_plugins_names() -> None:
+    names = sorted(_gen_symbols().plugin_names(_plugin_library()))
+    result = run_python(f"""
+        import ctypes
+        shim = ctypes.CDLL({xla.shim_path()!r})
+        missing = [n for n in {names!r} if not hasattr(shim, n)]
+        print("MISSING", len(missing), missing[:5])
+    """)
+    assert "MISSING 0 []" in result.stdout, result.stdout + result.stderr
+
+
+# -- defect: the trace reaches the file if the process dies ----------------------
+
+TRACE_ALLOCS = ALLOC_ON_DEVICE_0 + """
+import os, sys
+for i in range(int(sys.argv[1]) if len(sys.argv) > 1 else N):
+    q = ctypes.c_uint64()
+    assert cuda.cuMemAllocFromPoolAsync(ctypes.byref(q), ctypes.c_size_t(4096), pool, None) == 0
+    assert cuda.cuMemFreeAsync(q, None) == 0
+"""
+
+
+@NEEDS_SHIM
+@pytest.mark.parametrize("ending,expected_events", [
+    ("pass", 1 + 2 * 100),           # a normal exit: everything, at exit
+    ("os._exit(0)", 192),             # killed: all but the unflushed tail
+])
+def test_trace_is_flushed_periodically_and_at_exit(
+        fake_driver: str, tmp_path: pathlib.Path, ending: str,
+        expected_events: int) -> None:
+    trace = tmp_path / "t.jsonl"
+    code = ("import jaxlake\nassert jaxlake.configure(trace=%r).active\nN = 100\n"
+            % str(trace)) + TRACE_ALLOCS + ending + "\n"
+    result = run_python(code, {"JAXLAKE_REAL_LIBCUDA": fake_driver,
+                               "JAXLAKE_TRACE_FLUSH": "64"})
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = trace.read_text().splitlines()
+    assert json.loads(lines[0])["format"] == "jaxlake-trace"
+    # 201 events: the 4 MiB allocation and 100 allocate/free pairs; with
+    # os._exit only whole groups of 64 reached the file.
+    assert len(lines) - 1 == expected_events, len(lines)
 
 
 def test_lake_cuda_backend_over_fake_driver(fake_driver: str) -> None:

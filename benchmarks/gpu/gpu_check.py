@@ -1,22 +1,32 @@
-"""The GPU check of jaxlake: run where an NVIDIA GPU and its driver exist.
+"""The GPU check of jaxlake: decides in about five minutes whether the lake
+serves XLA on a real GPU. Run it through benchmarks/gpu/check.sh (which
+installs the package first); see benchmarks/gpu/README.md.
 
-    python benchmarks/gpu/gpu_check.py [--out DIR] [--steps N] [--preset P]
+    python benchmarks/gpu/gpu_check.py [--out DIR] [--budget SECONDS]
+        [--only STEP,...] [--sanitizer] [--capacity-search]
 
-1. Hooks: with jaxlake.configure(), jnp.ones on the GPU must reach the lake
-   (hook counters above zero).
-2. Training: examples/train_lm.py for N steps with the lake and with XLA's
-   default allocator, same seed: the loss curves, the step-time ratio and
-   the peak memory of each (the lake's physical reservation; XLA's own
-   peak for the default allocator).
-3. Capacity: the largest batch that trains under the same memory cap with
-   each allocator (the lake's `capacity`; XLA_PYTHON_CLIENT_MEM_FRACTION for
-   the default).
-4. Sanitizer: free-then-reuse stress under compute-sanitizer, when it is
-   installed.
+Steps, in order; each one writes DIR/summary.json when it finishes, so a
+run stopped by its time limit still reports the steps it finished:
 
-Writes summary.json to --out and prints it. Exit
-status 1 when a check fails (hooks not live, diverging losses, a failed
-run).
+  env       versions, the GPU, the driver's CUDA version against the
+            plugin's minimum
+  doctor    `jaxlake doctor` says the hooks are live
+  fragment  a JAX program that fragments memory: the lake serves every
+            allocation and free (forwarded 0), stitches, the bytes written
+            through the stitched buffer read back equal, and both the shim
+            and the real driver are loaded
+  latency   each driver call's latency by size (benchmarks/gpu/latency.py),
+            in the format of `jaxlake bench --latency FILE`
+  train     20 training steps (examples/train_lm.py) with the lake and with
+            cuda_async on the driver's pool (the shim loaded with
+            JAXLAKE_SHIM_HOOKS=0), both with --xla_gpu_deterministic_ops:
+            equal losses, the lake's allocation count, step-time ratio and
+            peak reserved bytes
+  sanitizer (--sanitizer) the stress program under compute-sanitizer
+  capacity  (--capacity-search) the largest batch under a memory cap
+
+Exit status: 0 all steps passed, 1 a step failed, 3 no GPU here, 4 out of
+time (the steps not reached are listed).
 """
 
 from __future__ import annotations
@@ -27,211 +37,563 @@ import math
 import os
 import pathlib
 import shutil
+import statistics
 import subprocess
 import sys
 import time
-from typing import Any, Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
+HERE = pathlib.Path(__file__).resolve().parent
 TRAIN = REPO / "examples" / "train_lm.py"
+# Programs run from here, not the checkout: from the repository root,
+# `import jaxlake` would find the source folder instead of the installed
+# package (which has the compiled module and the shim).
+WORKDIR = "/"
 
-HOOKS = r"""
-import json, jaxlake
-status = jaxlake.configure()
-import jax, jax.numpy as jnp
-x = jnp.ones((4096, 4096), device=jax.devices("gpu")[0]); x.block_until_ready()
-y = (x @ x).block_until_ready()
-print(json.dumps({"active": status.active, "reason": status.reason,
-                  "hooks": jaxlake.hook_counts(),
-                  "stats": jaxlake.stats().as_dict()}))
-"""
+EXIT_FAILED, EXIT_NO_GPU, EXIT_OUT_OF_TIME = 1, 3, 4
+STEPS = ("env", "doctor", "fragment", "latency", "train")
+OPT_IN = ("sanitizer", "capacity")
 
-STRESS = r"""
+# The minimum driver API version of each CUDA plugin (its CUDA major).
+PLUGIN_MIN_DRIVER = {"jax-cuda12-plugin": 12000, "jax-cuda13-plugin": 13000}
+
+FRAGMENT = r"""
+import json, os
+import numpy as np
 import jaxlake
-status = jaxlake.configure(capacity="2GiB")
-assert status.active, status.reason
+from jaxlake._src.xla import integration as xla
+status = jaxlake.configure(capacity="1GiB", required=True)
 import jax, jax.numpy as jnp
-keys = jax.random.split(jax.random.PRNGKey(0), 64)
-@jax.jit
-def step(k):
-    a = jax.random.normal(k, (1024, 1024 + int(k[0]) % 7))
-    return (a @ a.T).sum()
-total = 0.0
-for i in range(400):
-    total += float(step(keys[i % 64]))
-print("STRESS_OK", total, jaxlake.stats().allocs)
+gpu = jax.devices("gpu")[0]
+MIB = 1 << 20
+# Twenty 40 MiB buffers, then every other one freed: 400 MiB free in
+# scattered 40 MiB blocks, 224 MiB of the capacity never reserved.
+blocks = [jax.device_put(np.full(40 * MIB // 4, i, np.float32), gpu)
+          for i in range(20)]
+jax.block_until_ready(blocks)
+for b in blocks[0::2]:
+    b.delete()
+before = jaxlake.stats()
+host = np.arange(320 * MIB // 4, dtype=np.float32)
+big = jax.device_put(host, gpu)      # 320 MiB: only a stitch can serve it
+big.block_until_ready()
+after = jaxlake.stats()
+back = np.asarray(big)               # read back through the stitched range
+for b in blocks[1::2]:               # room for the kernel's 320 MiB output
+    b.delete()
+doubled = np.asarray(big * 2.0)      # a kernel reads it too
+stitches = lambda s: s.alloc_stitch + s.alloc_stitch_grow + s.alloc_stitch_reuse
+result = {
+    "stitches_for_big": stitches(after) - stitches(before),
+    "stitches_total": stitches(after),
+    "read_back_equal": bool(np.array_equal(back, host)),
+    "kernel_equal": bool(np.array_equal(doubled, host * 2.0)),
+    "checked_values": [float(back[0]), float(back[-1])],
+}
+del big, blocks
+jax.block_until_ready(jnp.ones(8, device=gpu))
+result["hooks"] = jaxlake.hook_counts()
+result["stats"] = jaxlake.stats().as_dict()
+result["loaded"] = xla.loaded_drivers()
+result["shim"] = xla.shim_path()
+print("FRAGMENT " + json.dumps(result, default=str), flush=True)
 """
+
+ENV_PROBE = r"""
+import ctypes, json, sys
+cu = ctypes.CDLL(sys.argv[1])
+v = ctypes.c_int()
+rc = cu.cuDriverGetVersion(ctypes.byref(v))
+print(json.dumps({"rc": rc, "driver_version": v.value}))
+"""
+
+
+class Summary:
+    """summary.json, rewritten (atomically) as each step finishes."""
+
+    def __init__(self, out: pathlib.Path) -> None:
+        self.path = out / "summary.json"
+        self.data: Dict[str, Any] = {
+            "started": time.strftime("%Y-%m-%d %H:%M:%S %Z"),
+            "status": "running", "steps": {}, "failures": []}
+        self.write()
+
+    def write(self) -> None:
+        tmp = self.path.with_suffix(".json.tmp")
+        tmp.write_text(json.dumps(self.data, indent=2, default=str) + "\n")
+        os.replace(tmp, self.path)
+
+    def step(self, name: str, result: Dict[str, Any],
+             failures: Sequence[str] = ()) -> None:
+        result["passed"] = not failures
+        self.data["steps"][name] = result
+        self.data["failures"] += [f"{name}: {f}" for f in failures]
+        self.write()
+        mark = "ok" if not failures else "FAILED: " + "; ".join(failures)
+        print(f"[{name}] {mark}", flush=True)
+
+
+class Budget:
+    """The time left for the whole check."""
+
+    def __init__(self, seconds: float) -> None:
+        self.end = time.monotonic() + seconds
+
+    def left(self) -> float:
+        return self.end - time.monotonic()
+
+    def timeout(self, step_limit: float) -> float:
+        return max(1.0, min(step_limit, self.left() - 5.0))
 
 
 def run(cmd: List[str], env: Dict[str, str], log: pathlib.Path,
-        timeout: int = 900) -> Tuple[int, float, str]:
-    """Runs a command; returns (exit status, seconds, output)."""
+        timeout: float) -> Tuple[int, float, str]:
+    """Runs a command; returns (exit status, seconds, output). 124: timed
+    out."""
     start = time.perf_counter()
     try:
         done = subprocess.run(cmd, env=env, capture_output=True, text=True,
-                              timeout=timeout, cwd=REPO)
+                              timeout=timeout, cwd=WORKDIR)
         code, out = done.returncode, done.stdout + done.stderr
     except subprocess.TimeoutExpired as error:
-        code, out = 124, f"timed out: {error}"
-    seconds = time.perf_counter() - start
+        text = error.stdout or b""
+        text = text.decode() if isinstance(text, bytes) else text
+        code, out = 124, f"{text}\ntimed out after {timeout:.0f} s"
     log.write_text(out)
-    return code, seconds, out
+    return code, time.perf_counter() - start, out
 
 
 def base_env() -> Dict[str, str]:
     env = {k: v for k, v in os.environ.items()
-           if not k.startswith("JAXLAKE") and k != "JAX_PLATFORMS"}
+           if not k.startswith("JAXLAKE") and k not in (
+               "JAX_PLATFORMS", "XLA_PYTHON_CLIENT_ALLOCATOR",
+               "XLA_PYTHON_CLIENT_PREALLOCATE", "XLA_PYTHON_CLIENT_MEM_FRACTION")}
     env["PYTHONUNBUFFERED"] = "1"
     return env
 
 
-def train(out: pathlib.Path, name: str, lake: bool, args: argparse.Namespace,
-          batch: Optional[int] = None, cap: Optional[int] = None,
-          steps: Optional[int] = None) -> Dict[str, Any]:
-    """One training run; its per-step log and summary record."""
-    log_json = out / f"{name}.jsonl"
-    if log_json.exists():
-        log_json.unlink()
-    cmd = [sys.executable, str(TRAIN), "--preset", args.preset,
-           "--steps", str(steps or args.steps), "--seed", "0",
-           "--no-progress", "--log-json", str(log_json)]
+def gpu_present() -> Tuple[bool, str]:
+    """(True, GPU description) or (False, why not)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return False, "nvidia-smi not found"
+    try:
+        out = subprocess.run(
+            [smi, "--query-gpu=name,memory.total,driver_version",
+             "--format=csv,noheader,nounits"], capture_output=True,
+            text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError) as error:
+        return False, f"nvidia-smi failed: {error}"
+    lines = [l for l in out.stdout.splitlines() if l.strip()]
+    if out.returncode != 0 or not lines:
+        return False, ("nvidia-smi lists no GPU: "
+                       + (out.stderr or out.stdout).strip()[:200])
+    return True, lines[0].strip()
+
+
+def _versions() -> Dict[str, str]:
+    from importlib import metadata
+    out = {}
+    for dist in ("jaxlake", "jax", "jaxlib", "jax-cuda12-plugin",
+                 "jax-cuda12-pjrt", "jax-cuda13-plugin", "jax-cuda13-pjrt",
+                 "flax", "optax", "nanobind", "scikit-build-core"):
+        try:
+            out[dist] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+# -- the steps -----------------------------------------------------------------
+
+
+def step_env(out: pathlib.Path, libcuda: Optional[str],
+             gpu: str) -> Tuple[Dict[str, Any], List[str]]:
+    versions = _versions()
+    result: Dict[str, Any] = {"gpu": gpu, "python": sys.version.split()[0],
+                              "versions": versions, "libcuda": libcuda}
+    failures: List[str] = []
+    if libcuda is None:
+        return result, ["no CUDA driver library found"]
+    code, _, text = run([sys.executable, "-c", ENV_PROBE, libcuda],
+                        base_env(), out / "env.log", 60)
+    probe = json.loads(text.strip().splitlines()[-1]) if code == 0 else {}
+    version = int(probe.get("driver_version", 0))
+    result["driver_version"] = version
+    plugins = [d for d in PLUGIN_MIN_DRIVER if d in versions]
+    minimum = max((PLUGIN_MIN_DRIVER[d] for d in plugins), default=0)
+    result["plugin"] = plugins
+    result["plugin_min_driver_version"] = minimum
+    if code != 0 or probe.get("rc"):
+        failures.append(f"cuDriverGetVersion failed ({text.strip()[-200:]})")
+    if not plugins:
+        failures.append("no jax CUDA plugin installed")
+    elif version < minimum:
+        failures.append(f"the driver's CUDA version {version} is older than "
+                        f"the plugin's minimum {minimum}")
+    for dist in ("jax", "jaxlib", "flax", "optax"):
+        if dist not in versions:
+            failures.append(f"{dist} is not installed")
+    return result, failures
+
+
+def step_doctor(out: pathlib.Path, budget: Budget
+                ) -> Tuple[Dict[str, Any], List[str]]:
+    code, seconds, text = run([sys.executable, "-m", "jaxlake", "doctor"],
+                              base_env(), out / "doctor.log",
+                              budget.timeout(120))
+    lines = {l.split(":", 1)[0].strip(): l.split(":", 1)[1].strip()
+             for l in text.splitlines() if ":" in l}
+    result = {"exit": code, "seconds": round(seconds, 1),
+              "lake": lines.get("lake"), "hooks_live": lines.get("hooks live"),
+              "capacity": lines.get("capacity")}
+    failures = []
+    if code != 0:
+        failures.append(f"doctor exited {code}")
+    if not (result["hooks_live"] or "").startswith("yes"):
+        failures.append(f"hooks not live: {result['hooks_live']}")
+    return result, failures
+
+
+def _sum(hooks: Dict[str, Dict[str, int]], prefix: str, field: str) -> int:
+    return sum(v.get(field, 0) for k, v in hooks.items()
+               if k == prefix or k == prefix + "_ptsz")
+
+
+def step_fragment(out: pathlib.Path, budget: Budget, libcuda: Optional[str]
+                  ) -> Tuple[Dict[str, Any], List[str]]:
+    code, seconds, text = run([sys.executable, "-c", FRAGMENT], base_env(),
+                              out / "fragment.log", budget.timeout(150))
+    data: Dict[str, Any] = {}
+    for line in text.splitlines():
+        if line.startswith("FRAGMENT "):
+            data = json.loads(line[len("FRAGMENT "):])
+    hooks = data.get("hooks", {})
+    result: Dict[str, Any] = {
+        "exit": code, "seconds": round(seconds, 1),
+        "alloc_served": _sum(hooks, "cuMemAllocFromPoolAsync", "served"),
+        "alloc_forwarded": _sum(hooks, "cuMemAllocFromPoolAsync",
+                                "forwarded"),
+        "free_served": _sum(hooks, "cuMemFreeAsync", "served"),
+        "free_forwarded": _sum(hooks, "cuMemFreeAsync", "forwarded"),
+        "captured": _sum(hooks, "cuMemAllocFromPoolAsync", "captured"),
+        "stitches_for_big": data.get("stitches_for_big"),
+        "stitches_total": data.get("stitches_total"),
+        "read_back_equal": data.get("read_back_equal"),
+        "kernel_equal": data.get("kernel_equal"),
+        "loaded": data.get("loaded", [])}
+    failures = []
+    if code != 0 or not data:
+        failures.append(f"the program failed (exit {code}): "
+                        + text.strip()[-300:])
+        return result, failures
+    for kind in ("alloc", "free"):
+        if result[f"{kind}_served"] <= 0:
+            failures.append(f"no {kind} served by the lake")
+        if result[f"{kind}_forwarded"] != 0:
+            failures.append(f"{result[f'{kind}_forwarded']} {kind}s "
+                            "forwarded to the driver")
+    if not (data.get("stitches_for_big") or 0) > 0:
+        failures.append("the 320 MiB buffer was not stitched")
+    if not data.get("read_back_equal") or not data.get("kernel_equal"):
+        failures.append("bytes read back through the stitched buffer differ")
+    loaded = [os.path.realpath(p) for p in data.get("loaded", [])]
+    shim = os.path.realpath(data.get("shim", ""))
+    if shim not in loaded:
+        failures.append("the shim is not loaded in the process")
+    if not any(p != shim for p in loaded):
+        failures.append("the real driver is not loaded in the process")
+    return result, failures
+
+
+def _train(out: pathlib.Path, name: str, lake: bool, steps: int,
+           preset: str, timeout: float, batch: Optional[int] = None,
+           cap: Optional[int] = None) -> Dict[str, Any]:
+    """One training run under `jaxlake run`: with the lake, or with the
+    shim forwarding everything (JAXLAKE_SHIM_HOOKS=0: cuda_async on the
+    driver's pool). Step records arrive on stdout (--log-json /dev/stdout)
+    and are timed as they arrive."""
+    cmd = [sys.executable, "-m", "jaxlake", "run", "--", sys.executable,
+           str(TRAIN), "--preset", preset, "--steps", str(steps), "--seed",
+           "0", "--no-progress", "--log-json", "/dev/stdout",
+           "--jaxlake" if lake else "--no-jaxlake"]
     if batch is not None:
         cmd += ["--batch", str(batch)]
     env = base_env()
-    if lake:
-        cmd.append("--jaxlake")
+    env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +
+                        " --xla_gpu_deterministic_ops=true").strip()
+    if lake and cap is not None:
+        env["JAXLAKE_CAPACITY"] = str(cap)
+    if not lake:
+        env["JAXLAKE_SHIM_HOOKS"] = "0"
         if cap is not None:
-            cmd += ["--jaxlake-option", f"capacity={cap}"]
-    else:
-        cmd.append("--no-jaxlake")
-        env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
-        if cap is not None:
-            env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{cap / args.device_bytes:.4f}"
-    code, seconds, text = run(cmd, env, out / f"{name}.log")
-    records = []
-    if log_json.exists():
-        records = [json.loads(l) for l in log_json.read_text().splitlines()
-                   if l.strip()]
-    losses = {r["step"]: r["loss"] for r in records if "loss" in r}
-    summary = next((r for r in records if r.get("summary")), {})
-    return {"code": code, "seconds": seconds, "losses": losses,
-            "summary": summary, "oom": "RESOURCE_EXHAUSTED" in text
-            or "out of memory" in text.lower()}
+            env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = f"{cap / DEVICE_BYTES:.4f}"
+    start = time.monotonic()
+    arrivals: Dict[int, float] = {}
+    losses: Dict[int, float] = {}
+    summary: Dict[str, Any] = {}
+    lines: List[str] = []
+    proc = subprocess.Popen(cmd, env=env, cwd=WORKDIR, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+    assert proc.stdout is not None
+    timed_out = False
+    for line in proc.stdout:
+        now = time.monotonic()
+        lines.append(line)
+        if line.startswith("{"):
+            try:
+                record = json.loads(line)
+            except ValueError:
+                record = {}
+            if "step" in record and "loss" in record:
+                arrivals[int(record["step"])] = now
+                losses[int(record["step"])] = float(record["loss"])
+            if record.get("summary"):
+                summary = record
+        if now - start > timeout:
+            proc.kill()
+            timed_out = True
+            break
+    code = proc.wait()
+    (out / f"{name}.log").write_text("".join(lines))
+    ordered = sorted(arrivals)
+    gaps = [arrivals[b] - arrivals[a] for a, b in zip(ordered, ordered[1:])
+            if a >= 2]  # step 1 includes compilation
+    text = "".join(lines)
+    return {"exit": 124 if timed_out else code,
+            "seconds": round(time.monotonic() - start, 1),
+            "losses": losses,
+            "step_seconds": statistics.median(gaps) if gaps else None,
+            "summary": summary,
+            "oom": "RESOURCE_EXHAUSTED" in text or
+                   "out of memory" in text.lower()}
 
 
-def largest_batch(out: pathlib.Path, lake: bool, args: argparse.Namespace,
-                  cap: int) -> int:
-    """Doubling, then bisection, over the batch size under `cap` bytes."""
-    tag = "lake" if lake else "xla"
-    ok, bad, batch = 0, 0, args.batch_start
-    while bad == 0 and batch <= 1 << 14:
-        r = train(out, f"cap-{tag}-{batch}", lake, args, batch=batch, cap=cap,
-                  steps=3)
-        if r["code"] == 0:
-            ok, batch = batch, batch * 2
-        else:
-            bad = batch
-    while bad and bad - ok > max(1, ok // 16):
-        mid = (ok + bad) // 2
-        r = train(out, f"cap-{tag}-{mid}", lake, args, batch=mid, cap=cap,
-                  steps=3)
-        ok, bad = (mid, bad) if r["code"] == 0 else (ok, mid)
-    return ok
+DEVICE_BYTES = 80 << 30  # set from nvidia-smi in main()
 
 
-def main() -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def step_train(out: pathlib.Path, budget: Budget, steps: int, preset: str
+               ) -> Tuple[Dict[str, Any], List[str]]:
+    lake = _train(out, "train-lake", True, steps, preset,
+                  budget.timeout(200))
+    base = _train(out, "train-cuda_async", False, steps, preset,
+                  budget.timeout(200))
+    common = sorted(set(lake["losses"]) & set(base["losses"]))
+    diff = max((abs(lake["losses"][s] - base["losses"][s]) for s in common),
+               default=math.inf)
+    lake_stats = lake["summary"].get("jaxlake", {})
+    lake_mem = lake["summary"].get("memory_stats") or {}
+    base_mem = base["summary"].get("memory_stats") or {}
+    ratio = (lake["step_seconds"] / base["step_seconds"]
+             if lake["step_seconds"] and base["step_seconds"] else None)
+    result = {
+        "preset": preset, "steps": steps,
+        "exit": {"lake": lake["exit"], "cuda_async": base["exit"]},
+        "steps_compared": len(common),
+        "losses_equal": bool(common) and diff == 0.0,
+        "max_abs_loss_difference": diff,
+        "final_loss": {"lake": lake["losses"].get(steps),
+                       "cuda_async": base["losses"].get(steps)},
+        "lake_allocations": lake_stats.get("allocs"),
+        "lake_stitches": (lake_stats.get("alloc_stitch", 0) +
+                          lake_stats.get("alloc_stitch_grow", 0)),
+        "step_seconds": {"lake": lake["step_seconds"],
+                         "cuda_async": base["step_seconds"]},
+        "step_time_ratio_lake_over_cuda_async": ratio,
+        "peak_reserved_bytes": {
+            "lake": lake_stats.get("bytes_reserved_peak"),
+            "lake_pool_attribute": lake_mem.get("peak_pool_bytes"),
+            "cuda_async": base_mem.get("peak_pool_bytes")},
+        "peak_in_use_bytes": {"lake": lake_mem.get("peak_bytes_in_use"),
+                              "cuda_async": base_mem.get("peak_bytes_in_use")},
+        "seconds": {"lake": lake["seconds"], "cuda_async": base["seconds"]}}
+    failures = []
+    if lake["exit"] or base["exit"]:
+        failures.append(f"a training run failed (exit lake {lake['exit']}, "
+                        f"cuda_async {base['exit']}; see train-*.log)")
+    if len(common) < steps:
+        failures.append(f"only {len(common)} of {steps} steps to compare")
+    elif diff != 0.0:
+        failures.append(f"losses differ (max |diff| {diff})")
+    if not (lake_stats.get("allocs") or 0) > 0:
+        failures.append("the lake made no allocation during training")
+    return result, failures
+
+
+def step_latency(out: pathlib.Path, budget: Budget, libcuda: Optional[str],
+                 repeats: int, sizes: str) -> Tuple[Dict[str, Any], List[str]]:
+    if libcuda is None:
+        return {}, ["no CUDA driver library found"]
+    target = out / "latency.json"
+    cmd = [sys.executable, str(HERE / "latency.py"), "--libcuda", libcuda,
+           "--out", str(target), "--repeats", str(repeats)]
+    if sizes:
+        cmd += ["--sizes", sizes]
+    code, seconds, text = run(cmd, base_env(), out / "latency.log",
+                              budget.timeout(120))
+    result: Dict[str, Any] = {"exit": code, "seconds": round(seconds, 1),
+                              "file": str(target)}
+    if code != 0 or not target.is_file():
+        return result, [f"latency.py failed (exit {code}): "
+                        + text.strip()[-300:]]
+    doc = json.loads(target.read_text())
+    result["calls"] = doc["calls"]
+    return result, []
+
+
+def step_sanitizer(out: pathlib.Path, budget: Budget
+                   ) -> Tuple[Dict[str, Any], List[str]]:
+    sanitizer = shutil.which("compute-sanitizer")
+    if sanitizer is None:
+        return {"skipped": "compute-sanitizer not installed"}, [
+            "compute-sanitizer not found (asked for with --sanitizer)"]
+    code, seconds, text = run(
+        [sanitizer, "--tool", "memcheck", sys.executable,
+         str(HERE / "stress.py"), "--iterations", "60"], base_env(),
+        out / "sanitizer.log", budget.timeout(400))
+    clean = "ERROR SUMMARY: 0 errors" in text
+    ok = "STRESS_OK" in text
+    result = {"exit": code, "seconds": round(seconds, 1),
+              "clean": clean, "finished": ok}
+    failures = []
+    if code != 0 or not ok:
+        failures.append(f"the stress program failed (exit {code})")
+    if not clean:
+        failures.append("compute-sanitizer reported errors (sanitizer.log)")
+    return result, failures
+
+
+def step_capacity(out: pathlib.Path, budget: Budget, preset: str, cap: int,
+                  start: int) -> Tuple[Dict[str, Any], List[str]]:
+    def largest(lake: bool) -> int:
+        tag = "lake" if lake else "cuda_async"
+        ok, bad, batch = 0, 0, start
+        while not bad and batch <= 1 << 14 and budget.left() > 60:
+            r = _train(out, f"cap-{tag}-{batch}", lake, 3, preset,
+                       budget.timeout(120), batch=batch, cap=cap)
+            ok, bad, batch = ((batch, 0, batch * 2) if r["exit"] == 0
+                              else (ok, batch, batch))
+        while bad and bad - ok > max(1, ok // 16) and budget.left() > 60:
+            mid = (ok + bad) // 2
+            r = _train(out, f"cap-{tag}-{mid}", lake, 3, preset,
+                       budget.timeout(120), batch=mid, cap=cap)
+            ok, bad = (mid, bad) if r["exit"] == 0 else (ok, mid)
+        return ok
+    result = {"cap_bytes": cap, "largest_batch_lake": largest(True),
+              "largest_batch_cuda_async": largest(False)}
+    return result, []
+
+
+# -- main -------------------------------------------------------------------------
+
+
+def find_libcuda() -> Optional[str]:
+    try:
+        from jaxlake._src.xla import integration as xla
+    except ImportError:
+        return None
+    return xla.find_real_driver()[0]
+
+
+def main(argv: Sequence[str]) -> int:
+    global DEVICE_BYTES
+    parser = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0],
+        formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--out", default=os.environ.get("OUT", "gpu-check"))
+    parser.add_argument("--budget", type=float, default=540.0,
+                        help="seconds for the whole check (default 540)")
+    parser.add_argument("--only", default="",
+                        help="comma-separated steps to run (default: all "
+                             f"of {', '.join(STEPS)} and the opt-in ones "
+                             "asked for)")
     parser.add_argument("--preset", default="small")
-    parser.add_argument("--steps", type=int, default=60)
-    parser.add_argument("--cap", default="8GiB",
-                        help="memory cap of the largest-batch search")
+    parser.add_argument("--steps", type=int, default=20)
+    parser.add_argument("--latency-repeats", type=int, default=10)
+    parser.add_argument("--latency-sizes", default="")
+    parser.add_argument("--sanitizer", action="store_true")
+    parser.add_argument("--capacity-search", action="store_true")
+    parser.add_argument("--cap", default="8GiB")
     parser.add_argument("--batch-start", type=int, default=8)
-    parser.add_argument("--skip-capacity", action="store_true")
-    args = parser.parse_args()
+    parser.add_argument("--libcuda", default=None,
+                        help="driver library for env and latency (default: "
+                             "the one jaxlake finds); with --no-gpu-ok the "
+                             "steps that need no GPU run over it (tests)")
+    parser.add_argument("--no-gpu-ok", action="store_true",
+                        help=argparse.SUPPRESS)
+    args = parser.parse_args(argv)
     out = pathlib.Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    import jaxlake  # the installed package
-    cap = jaxlake.parse_size(args.cap)
-    result: Dict[str, Any] = {"date": time.strftime("%Y-%m-%d %H:%M:%S"),
-                              "jaxlake": jaxlake.__version__}
-    failures: List[str] = []
-
-    smi = shutil.which("nvidia-smi")
-    if smi:
-        gpu = subprocess.run([smi, "--query-gpu=name,memory.total,driver_version",
-                              "--format=csv,noheader,nounits"],
-                             capture_output=True, text=True).stdout.strip()
-        result["gpu"] = gpu
-        args.device_bytes = int(gpu.split(",")[1]) << 20
-    else:
-        args.device_bytes = 80 << 30
-    try:
-        from importlib import metadata
-        result["jax"] = metadata.version("jax")
-    except Exception:  # pylint: disable=broad-except
-        result["jax"] = "unknown"
-
-    # 1. Hooks.
-    code, _, text = run([sys.executable, "-c", HOOKS], base_env(),
-                        out / "hooks.log")
-    hooks: Dict[str, Any] = {}
-    for line in text.splitlines():
-        if line.startswith("{"):
-            hooks = json.loads(line)
-    served = sum(v.get("served", 0) for k, v in hooks.get("hooks", {}).items()
-                 if k.startswith("cuMemAllocFromPoolAsync"))
-    result["hooks"] = {"exit": code, "active": hooks.get("active"),
-                       "reason": hooks.get("reason"),
-                       "allocations_served": served}
-    if code != 0 or served == 0:
-        failures.append(f"hooks not live (exit {code}, served {served})")
-
-    # 2. Training with and without the lake.
-    lake = train(out, "train-lake", True, args)
-    xla_run = train(out, "train-xla", False, args)
-    steps = sorted(set(lake["losses"]) & set(xla_run["losses"]))
-    diff = max((abs(lake["losses"][s] - xla_run["losses"][s]) for s in steps),
-               default=math.inf)
-    result["training"] = {
-        "preset": args.preset, "steps": args.steps,
-        "exit": [lake["code"], xla_run["code"]],
-        "max_abs_loss_difference": diff,
-        "final_loss": [lake["losses"].get(args.steps),
-                       xla_run["losses"].get(args.steps)],
-        "wall_seconds": [lake["seconds"], xla_run["seconds"]],
-        "time_ratio_lake_over_xla": lake["seconds"] / xla_run["seconds"],
-        "lake_summary": lake["summary"], "xla_summary": xla_run["summary"]}
-    if lake["code"] or xla_run["code"]:
-        failures.append("a training run failed")
-    if not steps or diff > 1e-3:
-        failures.append(f"loss curves differ (max |diff| {diff})")
-
-    # 3. Largest batch under the cap.
-    if not args.skip_capacity:
-        result["capacity"] = {
-            "cap_bytes": cap,
-            "largest_batch_lake": largest_batch(out, True, args, cap),
-            "largest_batch_xla": largest_batch(out, False, args, cap)}
-
-    # 4. compute-sanitizer.
-    sanitizer = shutil.which("compute-sanitizer")
-    if sanitizer:
-        code, _, text = run([sanitizer, "--tool", "memcheck", sys.executable,
-                             "-c", STRESS], base_env(), out / "sanitizer.log",
-                            timeout=600)
-        errors = "ERROR SUMMARY: 0 errors" in text
-        result["sanitizer"] = {"exit": code, "clean": errors}
-        if code != 0 or not errors:
-            failures.append("compute-sanitizer reported errors")
-    else:
-        result["sanitizer"] = "compute-sanitizer not installed: skipped"
-
-    result["failures"] = failures
-    (out / "summary.json").write_text(json.dumps(result, indent=2))
-    print(json.dumps(result, indent=2))
-    return 1 if failures else 0
+    budget = Budget(args.budget)
+    wanted = [s for s in args.only.split(",") if s] or (
+        list(STEPS) + (["sanitizer"] if args.sanitizer else []) +
+        (["capacity"] if args.capacity_search else []))
+    for s in wanted:
+        if s not in STEPS + OPT_IN:
+            parser.error(f"unknown step {s!r}; steps: "
+                         f"{', '.join(STEPS + OPT_IN)}")
+    present, gpu = gpu_present()
+    if not present and not args.no_gpu_ok:
+        print(f"no GPU: {gpu}; the GPU check needs an NVIDIA GPU and its "
+              "driver (the steps that can run without one run in the test "
+              "suite)", file=sys.stderr)
+        summary = Summary(out)
+        summary.data["status"] = f"no GPU: {gpu}"
+        summary.write()
+        return EXIT_NO_GPU
+    if present:
+        try:
+            DEVICE_BYTES = int(gpu.split(",")[1]) << 20
+        except (IndexError, ValueError):
+            pass
+    libcuda = args.libcuda or find_libcuda()
+    summary = Summary(out)
+    summary.data.update({"gpu": gpu if present else None,
+                         "budget_seconds": args.budget, "wanted": wanted})
+    summary.write()
+    for name in wanted:
+        if budget.left() < 15:
+            break
+        print(f"[{name}] running ({budget.left():.0f} s left)", flush=True)
+        t0 = time.monotonic()
+        try:
+            if name == "env":
+                result, failures = step_env(out, libcuda, gpu)
+            elif name == "doctor":
+                result, failures = step_doctor(out, budget)
+            elif name == "fragment":
+                result, failures = step_fragment(out, budget, libcuda)
+            elif name == "train":
+                result, failures = step_train(out, budget, args.steps,
+                                              args.preset)
+            elif name == "latency":
+                result, failures = step_latency(
+                    out, budget, libcuda, args.latency_repeats,
+                    args.latency_sizes)
+            elif name == "sanitizer":
+                result, failures = step_sanitizer(out, budget)
+            else:
+                import jaxlake
+                result, failures = step_capacity(
+                    out, budget, args.preset, jaxlake.parse_size(args.cap),
+                    args.batch_start)
+        except Exception as error:  # pylint: disable=broad-except
+            result, failures = {}, [f"the step raised {error!r}"]
+        result["step_seconds"] = round(time.monotonic() - t0, 1)
+        summary.step(name, result, failures)
+    missing = [s for s in wanted if s not in summary.data["steps"]]
+    failed = bool(summary.data["failures"])
+    summary.data["not_reached"] = missing
+    summary.data["status"] = ("out of time" if missing else
+                              "failed" if failed else "passed")
+    summary.data["seconds"] = round(args.budget - budget.left(), 1)
+    summary.write()
+    print(json.dumps(summary.data, indent=2, default=str))
+    if missing:
+        return EXIT_OUT_OF_TIME
+    return EXIT_FAILED if failed else 0
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(sys.argv[1:]))

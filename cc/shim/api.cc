@@ -71,7 +71,8 @@ std::string HooksJson(Lakes& lakes) {
            ": {\"calls\": " + std::to_string(c.calls.load()) +
            ", \"served\": " + std::to_string(c.served.load()) +
            ", \"forwarded\": " + std::to_string(c.forwarded.load()) +
-           ", \"failed\": " + std::to_string(c.failed.load()) + "}";
+           ", \"failed\": " + std::to_string(c.failed.load()) +
+           ", \"captured\": " + std::to_string(c.captured.load()) + "}";
   }
   return out + "}";
 }
@@ -121,6 +122,13 @@ size_t jaxlake_shim_reason(char* buf, size_t size) {
     return jaxlake::shim::Copy(Lakes::Get().reason(), buf, size);
   } catch (...) {
     return jaxlake::shim::Copy("", buf, size);
+  }
+}
+
+void jaxlake_shim_disable(const char* reason) {
+  try {
+    Lakes::Get().Disable(reason != nullptr ? reason : "disabled");
+  } catch (...) {
   }
 }
 

@@ -18,16 +18,27 @@ cuGetExportTable. Two sources, either or both:
                  by empty stand-ins.
   --nm LIB       a real libcuda.so.1 (repeatable): its exported functions
                  whose names start with "cu" (nm -D --defined-only).
+  --plugin LIB   a jax CUDA plugin, xla_cuda_plugin.so (repeatable): the
+                 table of driver names it resolves with dlsym, read from
+                 its bytes (plugin_names below). Every name a plugin may
+                 look up must be exported, or its dlsym returns NULL; this
+                 brings the debugger symbols (cudbg*) and names newer than
+                 the headers at hand.
 
 Names already in the output file are kept (a name once exported stays
 exported, so programs built for older drivers keep working); --replace
 starts from nothing instead. A handful of names that released drivers export
 but no header declares are always added (KNOWN_UNDECLARED).
 
-For a new CUDA release:
+For a new CUDA release or jax plugin:
 
   python3 cc/shim/gen_symbols.py --headers /usr/local/cuda-13.1/include \
-      [--nm /usr/lib/x86_64-linux-gnu/libcuda.so.1]
+      [--nm /usr/lib/x86_64-linux-gnu/libcuda.so.1] \
+      [--plugin .../jax_plugins/xla_cuda12/xla_cuda_plugin.so]
+
+tests/test_xla.py reads the name table of the installed plugin (the test
+extra pins jax-cuda12-plugin) with plugin_names() and checks that the list
+and the built shim cover it.
 
 then rebuild; CMake regenerates the trampolines from the list.
 """
@@ -61,7 +72,14 @@ KNOWN_UNDECLARED = [
     "cudaLibraryUnload",
 ]
 
-NAME = re.compile(r"^cu(?:da)?[A-Z][A-Za-z0-9_]*$")
+NAME = re.compile(r"^(?:cu(?:da)?[A-Z][A-Za-z0-9_]*|cudbg[A-Za-z0-9_]+)$")
+# A driver name as a NUL-terminated string of a plugin's read-only data
+# (the table it passes to dlsym): cuXxx..., with optional _v2/_ptsz-style
+# suffixes, or a debugger symbol cudbgXxx. Preceded by a NUL too, so that
+# the tails of longer strings do not count.
+PLUGIN_NAME = re.compile(
+    rb"(?<=\x00)(cu(?:[A-Z][A-Za-z0-9]*)+(?:_[A-Za-z0-9]+)*|"
+    rb"cudbg[A-Za-z0-9_]+)\x00")
 DECLARED = re.compile(r"\bCUresult\s+(?:CUDAAPI\s+)?(cu[A-Z]\w*)\s*\(")
 STATIC = re.compile(
     r"\bstatic\s+(?:(?:inline|__inline__|__inline)\s+)*CUresult\s+"
@@ -106,6 +124,12 @@ def from_nm(lib: Path) -> Set[str]:
     return names
 
 
+def plugin_names(lib: Path) -> Set[str]:
+    """The driver names in a jax CUDA plugin's name table."""
+    data = Path(lib).read_bytes()
+    return {m.group(1).decode() for m in PLUGIN_NAME.finditer(data)}
+
+
 def read_list(path: Path) -> Set[str]:
     if not path.is_file():
         return set()
@@ -139,14 +163,17 @@ def main(argv: List[str]) -> int:
                         help="a CUDA include directory holding cuda.h")
     parser.add_argument("--nm", type=Path, action="append", default=[],
                         help="a real libcuda.so.1 to read exports from")
+    parser.add_argument("--plugin", type=Path, action="append", default=[],
+                        help="a jax CUDA plugin (xla_cuda_plugin.so) whose "
+                             "driver name table to cover")
     parser.add_argument("--cc", default=os.environ.get("CC", "cc"),
                         help="C compiler used as preprocessor (default: $CC or cc)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--replace", action="store_true",
                         help="do not keep the names already in --out")
     args = parser.parse_args(argv)
-    if not args.headers and not args.nm:
-        parser.error("give --headers DIR and/or --nm LIB")
+    if not args.headers and not args.nm and not args.plugin:
+        parser.error("give --headers DIR, --nm LIB and/or --plugin LIB")
 
     old = set() if args.replace else read_list(args.out)
     names = set(old) | set(KNOWN_UNDECLARED)
@@ -161,6 +188,10 @@ def main(argv: List[str]) -> int:
     for lib in args.nm:
         found = from_nm(lib)
         sources.append(f"nm {lib.name} ({len(found)})")
+        names |= found
+    for lib in args.plugin:
+        found = plugin_names(lib)
+        sources.append(f"plugin {lib.parent.name}/{lib.name} ({len(found)})")
         names |= found
     count = write_list(args.out, names, sources)
     added = len(names - old)

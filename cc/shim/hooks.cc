@@ -3,10 +3,34 @@
 // XLA's cuda_async allocator gets every device buffer with
 // cuMemAllocFromPoolAsync(&ptr, size, pool, stream) from the device's default
 // pool and gives it back with cuMemFreeAsync(ptr, stream). Here the lake of
-// that device serves both; everything else (other pools, requests on a
-// stream being captured into a graph, frees of pointers the lakes do not
-// own, every call while the shim is inactive) goes to the real driver.
-// cuMemPoolGetAttribute reports the lake's bytes for the default pools, and
+// that device serves both. These go to the real driver instead:
+//   - every call while the shim is inactive, other pools, devices without a
+//     lake;
+//   - requests made under stream capture: the stream is being captured, or
+//     the calling thread has an open capture of its own (global or
+//     thread-local mode), or another thread has an open global-mode capture
+//     and this thread's capture mode (cuThreadExchangeStreamCaptureMode) is
+//     not relaxed. A pool allocation made then becomes a graph node, and the
+//     lake's own driver calls (events, map, unmap) would be prohibited. The
+//     shim sees captures begin and end through its cuStreamBeginCapture* and
+//     cuStreamEndCapture hooks;
+//   - requests on the calling thread's per-thread default stream: each
+//     thread has its own, and the lake keys reuse by stream;
+//   - frees of addresses outside every lake's reserved ranges.
+// A free of a lake address never reaches the driver's pool (made under
+// capture it fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), and the
+// lake never sees an address of the driver's pool.
+//
+// Pool attributes of a default pool whose device has a lake (the lake is
+// never created by a query): RESERVED/USED_MEM_CURRENT and _HIGH are the
+// driver's figure plus the lake's (reserved: physical bytes it holds; used:
+// live allocations rounded as handed out; _HIGH: the sum of the two peaks);
+// every other attribute, and every set (release threshold, reuse flags,
+// high-watermark resets) is the driver's: it concerns the memory of the
+// driver's pool, while the lake keeps its cached memory up to its capacity
+// whatever the release threshold and cannot reset its peaks.
+// cuMemPoolTrimTo trims the driver's pool and then, when the lake holds more
+// than the bytes to keep, releases the lake's cached memory (empty_cache).
 // cuGetProcAddress hands out these functions for the hooked names, so
 // callers that look entry points up by name (cudart, cuBLAS, NCCL) reach
 // them too.
@@ -17,6 +41,10 @@
 
 #include <cstdio>
 #include <cstring>
+#include <map>
+#include <mutex>
+#include <thread>
+#include <utility>
 
 #include "cc/shim/lakes.h"
 #include "cc/shim/loader.h"
@@ -30,6 +58,7 @@ using jaxlake::cuda::CUresult;
 using jaxlake::cuda::CUstream;
 using jaxlake::cuda::cuuint64_t;
 
+// The hooked entry points (JAXLAKE_SHIM_HOOKS in lakes.h).
 JAXLAKE_SHIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr,
                                                      std::size_t bytesize,
                                                      CUmemoryPool pool,
@@ -43,6 +72,24 @@ JAXLAKE_SHIM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr,
                                                  CUstream stream);
 JAXLAKE_SHIM_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool,
                                                    int attr, void* value);
+JAXLAKE_SHIM_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool,
+                                             std::size_t keep);
+JAXLAKE_SHIM_EXPORT CUresult cuStreamBeginCapture(CUstream stream);
+JAXLAKE_SHIM_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream stream);
+JAXLAKE_SHIM_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream,
+                                                     int mode);
+JAXLAKE_SHIM_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream,
+                                                          int mode);
+JAXLAKE_SHIM_EXPORT CUresult cuStreamBeginCaptureToGraph(
+    CUstream stream, void* graph, const void* deps, const void* edges,
+    std::size_t count, int mode);
+JAXLAKE_SHIM_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(
+    CUstream stream, void* graph, const void* deps, const void* edges,
+    std::size_t count, int mode);
+JAXLAKE_SHIM_EXPORT CUresult cuStreamEndCapture(CUstream stream,
+                                                void** graph);
+JAXLAKE_SHIM_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream,
+                                                     void** graph);
 JAXLAKE_SHIM_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn,
                                               int cuda_version,
                                               cuuint64_t flags);
@@ -100,14 +147,122 @@ void Called(Hook hook) {
   Lakes::Get().counter(hook).calls.fetch_add(1, std::memory_order_relaxed);
 }
 
-bool Capturing(CUstream stream, bool per_thread) {
+void CountCaptured(Hook hook) {
+  Lakes::Get().counter(hook).captured.fetch_add(1, std::memory_order_relaxed);
+}
+
+// ---- stream capture -----------------------------------------------------------
+
+// The captures begun through the shim and not yet ended: stream -> the
+// beginning thread and the capture mode. `g_open` mirrors the map's size so
+// that the common case (no capture) costs one atomic load.
+struct OpenCapture {
+  std::thread::id thread;
+  int mode;
+};
+// The key of a capture: its stream, and for a per-thread default stream
+// (one per thread, with one handle value) the thread as well.
+using CaptureKey = std::pair<std::uintptr_t, std::thread::id>;
+std::mutex g_capture_mu;
+std::map<CaptureKey, OpenCapture>& Captures() {
+  static auto* const captures = new std::map<CaptureKey, OpenCapture>;
+  return *captures;
+}
+std::atomic<int> g_open{0};
+
+CaptureKey KeyOf(CUstream stream, bool per_thread) {
+  const auto s = static_cast<std::uintptr_t>(LakeStream(stream, per_thread));
+  return {s, s == cu::kStreamPerThread ? std::this_thread::get_id()
+                                       : std::thread::id()};
+}
+
+void CaptureBegun(CUstream stream, bool per_thread, int mode) {
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  Captures()[KeyOf(stream, per_thread)] =
+      OpenCapture{std::this_thread::get_id(), mode};
+  g_open.store(static_cast<int>(Captures().size()), std::memory_order_release);
+}
+
+void CaptureEnded(CUstream stream, bool per_thread) {
+  std::lock_guard<std::mutex> lock(g_capture_mu);
+  Captures().erase(KeyOf(stream, per_thread));
+  g_open.store(static_cast<int>(Captures().size()), std::memory_order_release);
+}
+
+// The calling thread's capture mode (CU_STREAM_CAPTURE_MODE_*), read by
+// exchanging it and putting it back; global (the default) when the driver
+// cannot say.
+int ThreadCaptureMode() {
+  auto* exchange = Real().api.ThreadExchangeStreamCaptureMode;
+  int mode = cu::CU_STREAM_CAPTURE_MODE_RELAXED;
+  if (exchange == nullptr || exchange(&mode) != cu::CUDA_SUCCESS)
+    return cu::CU_STREAM_CAPTURE_MODE_GLOBAL;
+  int relaxed = mode;
+  exchange(&relaxed);  // restores the thread's own mode
+  return mode;
+}
+
+// True when the calling thread may not make the lake's driver calls: it
+// has an open capture of its own in global or thread-local mode, or any
+// thread has one in global mode and this thread's mode is not relaxed.
+bool ThreadCapturing() {
+  if (g_open.load(std::memory_order_acquire) == 0) return false;
+  bool own = false, global = false;
+  {
+    std::lock_guard<std::mutex> lock(g_capture_mu);
+    const std::thread::id me = std::this_thread::get_id();
+    for (const auto& [key, c] : Captures()) {
+      if (c.mode == cu::CU_STREAM_CAPTURE_MODE_RELAXED) continue;
+      if (c.thread == me) own = true;
+      if (c.mode == cu::CU_STREAM_CAPTURE_MODE_GLOBAL) global = true;
+    }
+  }
+  if (!own && !global) return false;
+  return ThreadCaptureMode() != cu::CU_STREAM_CAPTURE_MODE_RELAXED;
+}
+
+// True when `stream` is being captured (or its capture was invalidated), as
+// the driver says; the legacy stream while a capture forbids its use counts
+// too.
+bool StreamCapturing(CUstream stream, bool per_thread) {
   const RealApi& real = Real().api;
   auto* query =
       per_thread ? real.StreamIsCapturing_ptsz : real.StreamIsCapturing;
+  if (query == nullptr) return false;
   int status = cu::CU_STREAM_CAPTURE_STATUS_NONE;
-  return query != nullptr && query(stream, &status) == cu::CUDA_SUCCESS &&
-         status != cu::CU_STREAM_CAPTURE_STATUS_NONE;
+  const CUresult r = query(stream, &status);
+  if (r == cu::CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) return true;
+  return r == cu::CUDA_SUCCESS && status != cu::CU_STREAM_CAPTURE_STATUS_NONE;
 }
+
+bool UnderCapture(CUstream stream, bool per_thread) {
+  return StreamCapturing(stream, per_thread) || ThreadCapturing();
+}
+
+template <typename F, typename... Args>
+CUresult BeginCapture(Hook hook, F* fn, bool per_thread, int mode,
+                      CUstream stream, Args... args) {
+  Called(hook);
+  if (fn == nullptr) return Done(hook, false, cu::CUDA_ERROR_NOT_FOUND);
+  const CUresult r = fn(stream, args...);
+  if (r == cu::CUDA_SUCCESS) CaptureBegun(stream, per_thread, mode);
+  return Done(hook, false, r);
+}
+
+CUresult EndCapture(Hook hook, bool per_thread, CUstream stream,
+                    void** graph) {
+  Called(hook);
+  const RealApi& real = Real().api;
+  auto* fn = per_thread ? real.StreamEndCapture_ptsz : real.StreamEndCapture;
+  if (fn == nullptr) return Done(hook, false, cu::CUDA_ERROR_NOT_FOUND);
+  const CUresult r = fn(stream, graph);
+  // The capture is over whatever the result (an invalidated capture ends
+  // with an error), unless the stream is still capturing.
+  if (!StreamCapturing(stream, per_thread)) CaptureEnded(stream, per_thread);
+  return Done(hook, false, r);
+}
+
+// ---- allocation and free --------------------------------------------------------
 
 CUresult AllocFromPool(bool per_thread, CUdeviceptr* dptr, std::size_t size,
                        CUmemoryPool pool, CUstream stream) {
@@ -123,11 +278,18 @@ CUresult AllocFromPool(bool per_thread, CUdeviceptr* dptr, std::size_t size,
     return Forward(hook, forward, dptr, size, pool, stream);
   const int device = lakes.DeviceOfPool(pool);
   Lake* lake = device >= 0 ? lakes.LakeFor(device) : nullptr;
-  // A request made while the stream is being captured into a graph becomes
-  // a graph allocation node: that stays with the driver.
-  if (lake == nullptr || Capturing(stream, per_thread))
+  if (lake == nullptr) return Forward(hook, forward, dptr, size, pool, stream);
+  // A request made under capture becomes a graph allocation node: that
+  // stays with the driver.
+  if (UnderCapture(stream, per_thread)) {
+    CountCaptured(hook);
     return Forward(hook, forward, dptr, size, pool, stream);
+  }
   const vmm::Stream s = LakeStream(stream, per_thread);
+  // Every thread has its own per-thread default stream, which the lake
+  // could not tell apart: the driver's pool serves them.
+  if (s == cu::kStreamPerThread)
+    return Forward(hook, forward, dptr, size, pool, stream);
   std::uintptr_t address = 0;
   const vmm::Status st = lake->allocate(size, s, &address);
   if (st == vmm::Status::kOk) {
@@ -146,59 +308,103 @@ CUresult FreeAsync(bool per_thread, CUdeviceptr dptr, CUstream stream) {
   Called(hook);
   Lakes& lakes = Lakes::Get();
   const auto ptr = static_cast<std::uintptr_t>(dptr);
-  const vmm::Stream s = LakeStream(stream, per_thread);
-  if (ptr != 0 && lakes.trace().active()) {
-    // The free is traced while the address is still live, so that no other
-    // thread's new allocation at the same address comes before it.
-    const int device = lakes.Owner(ptr);
-    if (device >= 0) {
-      lakes.trace().Free(device, ptr, s);
-      return Done(hook, true, ToCu(lakes.Existing(device)->free(ptr, s)));
-    }
-  } else if (ptr != 0) {
-    int device = -1;
-    if (lakes.Free(ptr, s, &device)) return Done(hook, true, cu::CUDA_SUCCESS);
+  const int device = ptr != 0 ? lakes.AddressOwner(ptr) : -1;
+  if (device < 0) {
+    // Not a lake's address: the driver's pool (or its error) answers.
+    if (UnderCapture(stream, per_thread)) CountCaptured(hook);
+    const RealApi& real = Real().api;
+    return Forward(hook,
+                   per_thread ? real.MemFreeAsync_ptsz : real.MemFreeAsync,
+                   dptr, stream);
   }
-  const RealApi& real = Real().api;
-  return Forward(hook, per_thread ? real.MemFreeAsync_ptsz : real.MemFreeAsync,
-                 dptr, stream);
+  // A lake address: never the driver's pool's business. Under capture the
+  // free would become a graph node the lake cannot honour.
+  if (UnderCapture(stream, per_thread)) {
+    CountCaptured(hook);
+    std::fprintf(stderr,
+                 "jaxlake: cuMemFreeAsync of lake memory (device %d) under "
+                 "stream capture is not supported\n",
+                 device);
+    return Done(hook, true, cu::CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  }
+  const vmm::Stream s = LakeStream(stream, per_thread);
+  Lake* lake = lakes.Existing(device);
+  // The free is traced while the address is still live, so that no other
+  // thread's new allocation at the same address comes before it.
+  if (lakes.trace().active() && lake->allocation_size(ptr) != 0)
+    lakes.trace().Free(device, ptr, s);
+  return Done(hook, true, ToCu(lake->free(ptr, s)));
+}
+
+// ---- pools ------------------------------------------------------------------------
+
+// The lake of the device whose default pool is `pool`, if it exists (never
+// created here), and its device.
+Lake* ExistingLakeOfPool(CUmemoryPool pool, int* device) {
+  Lakes& lakes = Lakes::Get();
+  *device = lakes.DeviceOfPool(pool);
+  return *device >= 0 ? lakes.Existing(*device) : nullptr;
 }
 
 CUresult PoolGetAttribute(CUmemoryPool pool, int attr, void* value) {
   const Hook hook = Hook::cuMemPoolGetAttribute;
   Called(hook);
-  Lakes& lakes = Lakes::Get();
-  const bool ours = attr == cu::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT ||
-                    attr == cu::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH ||
-                    attr == cu::CU_MEMPOOL_ATTR_USED_MEM_CURRENT ||
-                    attr == cu::CU_MEMPOOL_ATTR_USED_MEM_HIGH;
-  if (ours && value != nullptr && lakes.active()) {
-    const int device = lakes.DeviceOfPool(pool);
-    if (Lake* lake = device >= 0 ? lakes.LakeFor(device) : nullptr) {
-      // Reserved: physical bytes the lake holds. Used: bytes of live
-      // allocations as handed out (after rounding).
-      const Stats st = lake->stats();
-      std::int64_t v = 0;
-      switch (attr) {
-        case cu::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
-          v = st.bytes_reserved.current;
-          break;
-        case cu::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
-          v = st.bytes_reserved.peak;
-          break;
-        case cu::CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
-          v = st.bytes_in_use_rounded.current;
-          break;
-        default:
-          v = st.bytes_in_use_rounded.peak;
-          break;
-      }
-      *static_cast<cuuint64_t*>(value) = static_cast<cuuint64_t>(v < 0 ? 0 : v);
-      return Done(hook, true, cu::CUDA_SUCCESS);
-    }
+  const RealApi& real = Real().api;
+  const bool memory = attr == cu::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT ||
+                      attr == cu::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH ||
+                      attr == cu::CU_MEMPOOL_ATTR_USED_MEM_CURRENT ||
+                      attr == cu::CU_MEMPOOL_ATTR_USED_MEM_HIGH;
+  int device = -1;
+  Lake* lake = memory && value != nullptr ? ExistingLakeOfPool(pool, &device)
+                                          : nullptr;
+  if (lake == nullptr)
+    return Forward(hook, real.MemPoolGetAttribute, pool, attr, value);
+  cuuint64_t driver_part = 0;
+  if (real.MemPoolGetAttribute != nullptr) {
+    const CUresult r = real.MemPoolGetAttribute(pool, attr, &driver_part);
+    if (r != cu::CUDA_SUCCESS) return Done(hook, true, r);
   }
-  return Forward(hook, Real().api.MemPoolGetAttribute, pool, attr, value);
+  // Reserved: physical bytes the lake holds. Used: bytes of live
+  // allocations as handed out (after rounding).
+  const Stats st = lake->stats();
+  std::int64_t v = 0;
+  switch (attr) {
+    case cu::CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+      v = st.bytes_reserved.current;
+      break;
+    case cu::CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+      v = st.bytes_reserved.peak;
+      break;
+    case cu::CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+      v = st.bytes_in_use_rounded.current;
+      break;
+    default:
+      v = st.bytes_in_use_rounded.peak;
+      break;
+  }
+  *static_cast<cuuint64_t*>(value) =
+      driver_part + static_cast<cuuint64_t>(v < 0 ? 0 : v);
+  return Done(hook, true, cu::CUDA_SUCCESS);
 }
+
+CUresult PoolTrimTo(CUmemoryPool pool, std::size_t keep) {
+  const Hook hook = Hook::cuMemPoolTrimTo;
+  Called(hook);
+  const RealApi& real = Real().api;
+  const CUresult r = real.MemPoolTrimTo != nullptr
+                         ? real.MemPoolTrimTo(pool, keep)
+                         : cu::CUDA_ERROR_NOT_FOUND;
+  int device = -1;
+  Lake* lake = r == cu::CUDA_SUCCESS ? ExistingLakeOfPool(pool, &device)
+                                     : nullptr;
+  if (lake == nullptr) return Done(hook, false, r);
+  const Stats st = lake->stats();
+  if (st.bytes_reserved.current > static_cast<std::int64_t>(keep))
+    lake->empty_cache();
+  return Done(hook, true, r);
+}
+
+// ---- entry points by name -------------------------------------------------------
 
 // Replaces the real driver's answer for a hooked name with the shim's
 // function. Returns true when it did.
@@ -215,9 +421,12 @@ bool RewriteProcAddress(const char* symbol, void** pfn, int cuda_version,
   auto per_thread = [&](const char* ptsz_name) {
     return per_thread_flag || *pfn == ::dlsym(real.handle, ptsz_name);
   };
+  // A name that the real driver answers with a versioned function: which
+  // one it chose decides which of the shim's it gets.
+  auto is = [&](const char* name) { return *pfn == ::dlsym(real.handle, name); };
   struct Pair {
     const char* name;
-    const char* ptsz;
+    const char* ptsz;  // nullptr: no per-thread variant
     void* plain;
     void* per_thread;
   };
@@ -228,19 +437,49 @@ bool RewriteProcAddress(const char* symbol, void** pfn, int cuda_version,
       {"cuMemFreeAsync", "cuMemFreeAsync_ptsz",
        reinterpret_cast<void*>(&::cuMemFreeAsync),
        reinterpret_cast<void*>(&::cuMemFreeAsync_ptsz)},
+      {"cuStreamEndCapture", "cuStreamEndCapture_ptsz",
+       reinterpret_cast<void*>(&::cuStreamEndCapture),
+       reinterpret_cast<void*>(&::cuStreamEndCapture_ptsz)},
+      {"cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph_ptsz",
+       reinterpret_cast<void*>(&::cuStreamBeginCaptureToGraph),
+       reinterpret_cast<void*>(&::cuStreamBeginCaptureToGraph_ptsz)},
+      {"cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz",
+       reinterpret_cast<void*>(&::cuStreamBeginCapture_v2),
+       reinterpret_cast<void*>(&::cuStreamBeginCapture_v2_ptsz)},
+      {"cuMemPoolGetAttribute", nullptr,
+       reinterpret_cast<void*>(&::cuMemPoolGetAttribute), nullptr},
+      {"cuMemPoolTrimTo", nullptr,
+       reinterpret_cast<void*>(&::cuMemPoolTrimTo), nullptr},
   };
   for (const Pair& p : pairs) {
     if (std::strcmp(symbol, p.name) == 0) {
-      *pfn = per_thread(p.ptsz) ? p.per_thread : p.plain;
+      *pfn = p.ptsz != nullptr && per_thread(p.ptsz) ? p.per_thread : p.plain;
       return true;
     }
-    if (std::strcmp(symbol, p.ptsz) == 0) {
+    if (p.ptsz != nullptr && std::strcmp(symbol, p.ptsz) == 0) {
       *pfn = p.per_thread;
       return true;
     }
   }
-  if (std::strcmp(symbol, "cuMemPoolGetAttribute") == 0) {
-    *pfn = reinterpret_cast<void*>(&::cuMemPoolGetAttribute);
+  if (std::strcmp(symbol, "cuStreamBeginCapture") == 0) {
+    // The driver hands out the one-argument legacy function or _v2 (with a
+    // mode) by version; the shim's twin of the one it chose.
+    const bool ptds = per_thread_flag ||
+                      is("cuStreamBeginCapture_ptsz") ||
+                      is("cuStreamBeginCapture_v2_ptsz");
+    const bool legacy = is("cuStreamBeginCapture") ||
+                        is("cuStreamBeginCapture_ptsz");
+    if (legacy) {
+      *pfn = ptds ? reinterpret_cast<void*>(&::cuStreamBeginCapture_ptsz)
+                  : reinterpret_cast<void*>(&::cuStreamBeginCapture);
+    } else {
+      *pfn = ptds ? reinterpret_cast<void*>(&::cuStreamBeginCapture_v2_ptsz)
+                  : reinterpret_cast<void*>(&::cuStreamBeginCapture_v2);
+    }
+    return true;
+  }
+  if (std::strcmp(symbol, "cuStreamBeginCapture_ptsz") == 0) {
+    *pfn = reinterpret_cast<void*>(&::cuStreamBeginCapture_ptsz);
     return true;
   }
   if (std::strcmp(symbol, "cuGetProcAddress") == 0) {
@@ -322,6 +561,66 @@ CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
 
 CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void* value) {
   JAXLAKE_SHIM_GUARD(jaxlake::shim::PoolGetAttribute(pool, attr, value))
+}
+
+CUresult cuMemPoolTrimTo(CUmemoryPool pool, std::size_t keep) {
+  JAXLAKE_SHIM_GUARD(jaxlake::shim::PoolTrimTo(pool, keep))
+}
+
+CUresult cuStreamBeginCapture(CUstream stream) {
+  JAXLAKE_SHIM_GUARD(jaxlake::shim::BeginCapture(
+      jaxlake::shim::Hook::cuStreamBeginCapture,
+      jaxlake::shim::Real().api.StreamBeginCapture, false,
+      jaxlake::cuda::CU_STREAM_CAPTURE_MODE_GLOBAL, stream))
+}
+
+CUresult cuStreamBeginCapture_ptsz(CUstream stream) {
+  JAXLAKE_SHIM_GUARD(jaxlake::shim::BeginCapture(
+      jaxlake::shim::Hook::cuStreamBeginCapture_ptsz,
+      jaxlake::shim::Real().api.StreamBeginCapture_ptsz, true,
+      jaxlake::cuda::CU_STREAM_CAPTURE_MODE_GLOBAL, stream))
+}
+
+CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) {
+  JAXLAKE_SHIM_GUARD(jaxlake::shim::BeginCapture(
+      jaxlake::shim::Hook::cuStreamBeginCapture_v2,
+      jaxlake::shim::Real().api.StreamBeginCapture_v2, false, mode, stream,
+      mode))
+}
+
+CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, int mode) {
+  JAXLAKE_SHIM_GUARD(jaxlake::shim::BeginCapture(
+      jaxlake::shim::Hook::cuStreamBeginCapture_v2_ptsz,
+      jaxlake::shim::Real().api.StreamBeginCapture_v2_ptsz, true, mode,
+      stream, mode))
+}
+
+CUresult cuStreamBeginCaptureToGraph(CUstream stream, void* graph,
+                                     const void* deps, const void* edges,
+                                     std::size_t count, int mode) {
+  JAXLAKE_SHIM_GUARD(jaxlake::shim::BeginCapture(
+      jaxlake::shim::Hook::cuStreamBeginCaptureToGraph,
+      jaxlake::shim::Real().api.StreamBeginCaptureToGraph, false, mode,
+      stream, graph, deps, edges, count, mode))
+}
+
+CUresult cuStreamBeginCaptureToGraph_ptsz(CUstream stream, void* graph,
+                                          const void* deps, const void* edges,
+                                          std::size_t count, int mode) {
+  JAXLAKE_SHIM_GUARD(jaxlake::shim::BeginCapture(
+      jaxlake::shim::Hook::cuStreamBeginCaptureToGraph_ptsz,
+      jaxlake::shim::Real().api.StreamBeginCaptureToGraph_ptsz, true, mode,
+      stream, graph, deps, edges, count, mode))
+}
+
+CUresult cuStreamEndCapture(CUstream stream, void** graph) {
+  JAXLAKE_SHIM_GUARD(jaxlake::shim::EndCapture(
+      jaxlake::shim::Hook::cuStreamEndCapture, false, stream, graph))
+}
+
+CUresult cuStreamEndCapture_ptsz(CUstream stream, void** graph) {
+  JAXLAKE_SHIM_GUARD(jaxlake::shim::EndCapture(
+      jaxlake::shim::Hook::cuStreamEndCapture_ptsz, true, stream, graph))
 }
 
 CUresult cuGetProcAddress(const char* symbol, void** pfn, int cuda_version,

@@ -51,6 +51,12 @@ JAXLAKE_SHIM_EXPORT_API int jaxlake_shim_active(void);
  * allocations then go to the real driver); "" when there is nothing to say. */
 JAXLAKE_SHIM_EXPORT_API size_t jaxlake_shim_reason(char* buf, size_t size);
 
+/* Makes the shim forward every new request to the real driver from now on,
+ * with `reason` as jaxlake_shim_reason() (jaxlake.configure() calls it when
+ * it finds the lake cannot be active, so that the loaded shim changes
+ * nothing). Lakes that exist keep taking back their own addresses. */
+JAXLAKE_SHIM_EXPORT_API void jaxlake_shim_disable(const char* reason);
+
 /* Number of lakes (devices that have served an allocation). */
 JAXLAKE_SHIM_EXPORT_API int jaxlake_shim_num_lakes(void);
 
@@ -72,9 +78,11 @@ JAXLAKE_SHIM_EXPORT_API long long jaxlake_shim_stats_json(int device,
 
 /* Call counts of the hooked entry points as a JSON object:
  *   {"cuMemAllocFromPoolAsync": {"calls": N, "served": N, "forwarded": N,
- *    "failed": N}, ...}
+ *    "failed": N, "captured": N}, ...}
  * served: answered by the shim (a lake, or a rewritten cuGetProcAddress
- * answer); forwarded: passed to the real driver; failed: returned an error. */
+ * answer); forwarded: passed to the real driver; failed: returned an error;
+ * captured: allocations and frees made under stream capture (forwarded, or
+ * refused for a lake address). */
 JAXLAKE_SHIM_EXPORT_API size_t jaxlake_shim_hooks_json(char* buf,
                                                        size_t size);
 

@@ -3,6 +3,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdlib>
 #include <cstring>
 
 #include "cc/shim/loader.h"
@@ -41,8 +42,12 @@ Lakes::Lakes() {
     inactive_reason_ = "JAXLAKE_SHIM_HOOKS=0: every call goes to the CUDA "
                        "driver";
   } else {
-    active_ = true;
+    active_.store(true, std::memory_order_release);
   }
+  trace_.set_flush_every(options_.trace_flush);
+  // The trace's tail reaches the file at exit (the state is never
+  // destroyed, see lakes.h).
+  std::atexit([] { Lakes::Get().trace().Flush(); });
   if (!options_.trace_file.empty()) {
     const int r = trace_.Start(options_.trace_file, "shim",
                                [this] { return DeviceCount(); });
@@ -50,6 +55,12 @@ Lakes::Lakes() {
       std::fprintf(stderr, "jaxlake shim: cannot write the trace to %s: %s\n",
                    options_.trace_file.c_str(), std::strerror(-r));
   }
+}
+
+void Lakes::Disable(const std::string& why) {
+  std::lock_guard<std::mutex> lock(mu_);
+  active_.store(false, std::memory_order_release);
+  inactive_reason_ = why;
 }
 
 std::string Lakes::reason() const {
@@ -123,12 +134,17 @@ Lake* Lakes::LakeFor(int device) {
     driver = vmm::CudaDriver::Create(library_, device, &why, driver_options);
   }
   LakeOptions lake_options = options_.lake;
-  if (driver != nullptr && options_.capacity_fraction > 0.0) {
+  // JAXLAKE_CAPACITY_FRACTION, else JAXLAKE_CAPACITY, else XLA's memory
+  // fraction (options.h).
+  const double fraction = options_.capacity_fraction > 0.0
+                              ? options_.capacity_fraction
+                          : lake_options.capacity == 0 ? options_.xla_fraction
+                                                       : 0.0;
+  if (driver != nullptr && fraction > 0.0) {
     // A share of this device's memory, in whole granules.
     const std::size_t gran = driver->granularity();
     const auto share = static_cast<std::size_t>(
-        static_cast<double>(driver->total_memory()) *
-        options_.capacity_fraction);
+        static_cast<double>(driver->total_memory()) * fraction);
     lake_options.capacity = std::max(gran, share / gran * gran);
   }
   if (driver != nullptr) {
@@ -160,23 +176,13 @@ std::vector<int> Lakes::Devices() const {
   return out;
 }
 
-int Lakes::Owner(std::uintptr_t ptr) const {
+int Lakes::AddressOwner(std::uintptr_t ptr) const {
   for (int d = 0; d < kMaxDevices; ++d) {
-    const Lake* lake = Existing(d);
-    if (lake != nullptr && lake->allocation_size(ptr) != 0) return d;
+    const DeviceLake* dl =
+        lakes_[static_cast<std::size_t>(d)].load(std::memory_order_acquire);
+    if (dl != nullptr && dl->driver->owns_address(ptr)) return d;
   }
   return -1;
-}
-
-bool Lakes::Free(std::uintptr_t ptr, vmm::Stream stream, int* device) {
-  for (int d = 0; d < kMaxDevices; ++d) {
-    Lake* lake = Existing(d);
-    if (lake != nullptr && lake->free(ptr, stream) == vmm::Status::kOk) {
-      *device = d;
-      return true;
-    }
-  }
-  return false;
 }
 
 }  // namespace jaxlake::shim

@@ -30,13 +30,22 @@
 namespace jaxlake::shim {
 
 // The hooked entry points, in one list (exports, counters, JSON).
-#define JAXLAKE_SHIM_HOOKS(X)       \
-  X(cuMemAllocFromPoolAsync)        \
-  X(cuMemAllocFromPoolAsync_ptsz)   \
-  X(cuMemFreeAsync)                 \
-  X(cuMemFreeAsync_ptsz)            \
-  X(cuMemPoolGetAttribute)          \
-  X(cuGetProcAddress)               \
+#define JAXLAKE_SHIM_HOOKS(X)         \
+  X(cuMemAllocFromPoolAsync)          \
+  X(cuMemAllocFromPoolAsync_ptsz)     \
+  X(cuMemFreeAsync)                   \
+  X(cuMemFreeAsync_ptsz)              \
+  X(cuMemPoolGetAttribute)            \
+  X(cuMemPoolTrimTo)                  \
+  X(cuStreamBeginCapture)             \
+  X(cuStreamBeginCapture_ptsz)        \
+  X(cuStreamBeginCapture_v2)          \
+  X(cuStreamBeginCapture_v2_ptsz)     \
+  X(cuStreamBeginCaptureToGraph)      \
+  X(cuStreamBeginCaptureToGraph_ptsz) \
+  X(cuStreamEndCapture)               \
+  X(cuStreamEndCapture_ptsz)          \
+  X(cuGetProcAddress)                 \
   X(cuGetProcAddress_v2)
 
 enum class Hook : int {
@@ -50,12 +59,16 @@ const char* HookName(Hook h);
 
 // Per hooked entry point: calls, those the shim answered itself (served by
 // a lake, or a rewritten cuGetProcAddress answer), those passed on to the
-// real driver, and those that returned an error either way.
+// real driver, and those that returned an error either way. `captured`
+// counts the allocations and frees made under stream capture (forwarded
+// to the driver's pool, or, for a lake address, refused): a subset of
+// forwarded + failed.
 struct HookCounter {
   std::atomic<std::uint64_t> calls{0};
   std::atomic<std::uint64_t> served{0};
   std::atomic<std::uint64_t> forwarded{0};
   std::atomic<std::uint64_t> failed{0};
+  std::atomic<std::uint64_t> captured{0};
 };
 
 class Lakes {
@@ -67,8 +80,12 @@ class Lakes {
   static Lakes& Get();
 
   // True when the hooks serve allocations: a real driver was loaded, the
-  // options are valid and JAXLAKE_SHIM_HOOKS is not 0.
-  bool active() const { return active_; }
+  // options are valid, JAXLAKE_SHIM_HOOKS is not 0 and Disable() was not
+  // called.
+  bool active() const { return active_.load(std::memory_order_acquire); }
+  // Makes the shim forward every new request from now on (lakes that exist
+  // keep taking back their own addresses). `why` becomes the reason.
+  void Disable(const std::string& why);
   // Why the shim is not active, and why any device has no lake; "" if none.
   std::string reason() const;
   const ShimOptions& options() const { return options_; }
@@ -83,10 +100,10 @@ class Lakes {
   Lake* Existing(int device) const;
   // Ordinals of the devices that have a lake.
   std::vector<int> Devices() const;
-  // Frees `ptr` in the lake that owns it; false when none does.
-  bool Free(std::uintptr_t ptr, vmm::Stream stream, int* device);
-  // The device whose lake holds `ptr` as a live allocation, or -1.
-  int Owner(std::uintptr_t ptr) const;
+  // The device whose lake reserved the virtual range holding `ptr` (a live
+  // allocation or not), or -1: such an address is never handed to the
+  // driver's own pool, and no other address to a lake.
+  int AddressOwner(std::uintptr_t ptr) const;
 
   HookCounter& counter(Hook h) { return counters_[static_cast<int>(h)]; }
   TraceWriter& trace() { return trace_; }
@@ -96,11 +113,11 @@ class Lakes {
  private:
   Lakes();
   struct DeviceLake {
-    std::unique_ptr<vmm::CudaDriver> driver;
+    std::unique_ptr<vmm::CudaDriver> driver;  // declared first: outlives lake
     std::unique_ptr<Lake> lake;
   };
 
-  bool active_ = false;
+  std::atomic<bool> active_{false};
   std::string inactive_reason_;
   ShimOptions options_;
 

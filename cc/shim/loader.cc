@@ -145,6 +145,21 @@ RealDriver* Load() {
             &a.DeviceGetDefaultMemPool);
     Resolve(r->handle, "cuStreamIsCapturing", &a.StreamIsCapturing);
     Resolve(r->handle, "cuStreamIsCapturing_ptsz", &a.StreamIsCapturing_ptsz);
+    Resolve(r->handle, "cuThreadExchangeStreamCaptureMode",
+            &a.ThreadExchangeStreamCaptureMode);
+    Resolve(r->handle, "cuMemPoolTrimTo", &a.MemPoolTrimTo);
+    Resolve(r->handle, "cuStreamBeginCapture", &a.StreamBeginCapture);
+    Resolve(r->handle, "cuStreamBeginCapture_ptsz",
+            &a.StreamBeginCapture_ptsz);
+    Resolve(r->handle, "cuStreamBeginCapture_v2", &a.StreamBeginCapture_v2);
+    Resolve(r->handle, "cuStreamBeginCapture_v2_ptsz",
+            &a.StreamBeginCapture_v2_ptsz);
+    Resolve(r->handle, "cuStreamBeginCaptureToGraph",
+            &a.StreamBeginCaptureToGraph);
+    Resolve(r->handle, "cuStreamBeginCaptureToGraph_ptsz",
+            &a.StreamBeginCaptureToGraph_ptsz);
+    Resolve(r->handle, "cuStreamEndCapture", &a.StreamEndCapture);
+    Resolve(r->handle, "cuStreamEndCapture_ptsz", &a.StreamEndCapture_ptsz);
   }
   r->forwarded = FillForwardingTable(r->handle);
   return r;

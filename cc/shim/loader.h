@@ -43,6 +43,20 @@ struct RealApi {
   CUresult (*DeviceGetDefaultMemPool)(cuda::CUmemoryPool*, cuda::CUdevice);
   CUresult (*StreamIsCapturing)(cuda::CUstream, int*);
   CUresult (*StreamIsCapturing_ptsz)(cuda::CUstream, int*);
+  CUresult (*ThreadExchangeStreamCaptureMode)(int*);
+  CUresult (*MemPoolTrimTo)(cuda::CUmemoryPool, std::size_t);
+  // Stream capture (the shim keeps track of open captures, hooks.cc).
+  CUresult (*StreamBeginCapture)(cuda::CUstream);  // CUDA 10.0: global mode
+  CUresult (*StreamBeginCapture_ptsz)(cuda::CUstream);
+  CUresult (*StreamBeginCapture_v2)(cuda::CUstream, int);
+  CUresult (*StreamBeginCapture_v2_ptsz)(cuda::CUstream, int);
+  CUresult (*StreamBeginCaptureToGraph)(cuda::CUstream, void*, const void*,
+                                        const void*, std::size_t, int);
+  CUresult (*StreamBeginCaptureToGraph_ptsz)(cuda::CUstream, void*,
+                                             const void*, const void*,
+                                             std::size_t, int);
+  CUresult (*StreamEndCapture)(cuda::CUstream, void**);
+  CUresult (*StreamEndCapture_ptsz)(cuda::CUstream, void**);
 };
 
 struct RealDriver {

@@ -71,7 +71,11 @@ std::string Malformed(const char* env, const char* value, const char* what) {
 
 std::string ReadOptions(ShimOptions* out) {
   ShimOptions o;
+  // With a fraction, JAXLAKE_CAPACITY is not read (the Python side keeps
+  // the fraction there as text for a child process's own configure()).
+  const bool fraction = Env("JAXLAKE_CAPACITY_FRACTION") != nullptr;
   for (const SizeOption& s : kSizes) {
+    if (fraction && s.field == &LakeOptions::capacity) continue;
     if (const char* v = Env(s.env)) {
       if (!ParseSize(v, &(o.lake.*s.field)))
         return Malformed(s.env, v, "a number of bytes (decimal digits)");
@@ -100,6 +104,19 @@ std::string ReadOptions(ShimOptions* out) {
                        "a decimal fraction in (0, 1]");
     o.capacity_fraction = f;
   }
+  if (const char* v = Env("XLA_PYTHON_CLIENT_MEM_FRACTION")) {
+    char* end = nullptr;
+    errno = 0;
+    const double f = std::strtod(v, &end);
+    if (errno != 0 || end == v || *end != '\0' || !(f > 0.0 && f <= 1.0))
+      return Malformed("XLA_PYTHON_CLIENT_MEM_FRACTION", v,
+                       "a decimal fraction in (0, 1]");
+    o.xla_fraction = f;
+  }
+  if (const char* v = Env("JAXLAKE_TRACE_FLUSH")) {
+    if (!ParseSize(v, &o.trace_flush) || o.trace_flush == 0)
+      return Malformed("JAXLAKE_TRACE_FLUSH", v, "a positive count");
+  }
   if (const char* v = Env("JAXLAKE_TRACE_FILE")) o.trace_file = v;
   *out = o;
   return {};
@@ -114,6 +131,8 @@ std::string OptionsJson(const ShimOptions& o) {
   out += "\"hooks\": " + std::string(JsonBool(o.hooks)) +
          ", \"peer_access\": " + JsonBool(o.peer_access) +
          ", \"capacity_fraction\": " + std::to_string(o.capacity_fraction) +
+         ", \"xla_fraction\": " + std::to_string(o.xla_fraction) +
+         ", \"trace_flush\": " + std::to_string(o.trace_flush) +
          ", \"trace_file\": " + JsonString(o.trace_file) + "}";
   return out;
 }

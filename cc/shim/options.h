@@ -2,7 +2,8 @@
 //
 // Lake options (one variable per LakeOptions field; the Python package
 // normalises values, so only plain forms are accepted here):
-//   JAXLAKE_CAPACITY       bytes, 0: the whole device
+//   JAXLAKE_CAPACITY       bytes; unset or 0: XLA's memory fraction (below);
+//                          not read when JAXLAKE_CAPACITY_FRACTION is set
 //   JAXLAKE_SMALL_LIMIT    bytes
 //   JAXLAKE_SMALL_SLAB     bytes, 0: one granule
 //   JAXLAKE_ALIGNMENT      bytes
@@ -21,6 +22,14 @@
 //   JAXLAKE_CAPACITY_FRACTION  a decimal in (0, 1]: the capacity as that
 //                          share of each device's memory (wins over
 //                          JAXLAKE_CAPACITY)
+//   JAXLAKE_TRACE_FLUSH    events between two flushes of the trace file
+//                          (default 64; it is flushed at exit as well)
+// And XLA's own:
+//   XLA_PYTHON_CLIENT_MEM_FRACTION  a decimal in (0, 1], default 0.75: the
+//                          capacity when neither JAXLAKE_CAPACITY (non-zero)
+//                          nor JAXLAKE_CAPACITY_FRACTION is given, so the
+//                          lake leaves XLA's share of the device to cuBLAS,
+//                          cuDNN, NCCL, modules and the executor
 //   JAXLAKE_REAL_LIBCUDA   the real driver's absolute path (loader.h)
 // They are read at the first call into the shim. Numbers are decimal digits
 // only; an unset or empty variable keeps the default. A malformed value
@@ -35,6 +44,9 @@
 
 namespace jaxlake::shim {
 
+// XLA's default share of device memory (XLA_PYTHON_CLIENT_MEM_FRACTION).
+inline constexpr double kXlaDefaultFraction = 0.75;
+
 struct ShimOptions {
   LakeOptions lake;
   bool hooks = true;
@@ -42,7 +54,11 @@ struct ShimOptions {
   // Capacity as a fraction of each device's memory, in (0, 1]; 0: unset
   // (then lake.capacity applies).
   double capacity_fraction = 0.0;
+  // The capacity fraction used when neither of the above is set:
+  // XLA_PYTHON_CLIENT_MEM_FRACTION, or XLA's default 0.75.
+  double xla_fraction = kXlaDefaultFraction;
   std::string trace_file;
+  std::size_t trace_flush = 64;
 };
 
 // Reads the variables above into *out (defaults for those unset). Returns an

@@ -24,7 +24,11 @@ if(JAXLAKE_BUILD_SHIM)
   set(jaxlake_shim_hooked
     cuMemAllocFromPoolAsync cuMemAllocFromPoolAsync_ptsz
     cuMemFreeAsync cuMemFreeAsync_ptsz
-    cuMemPoolGetAttribute
+    cuMemPoolGetAttribute cuMemPoolTrimTo
+    cuStreamBeginCapture cuStreamBeginCapture_ptsz
+    cuStreamBeginCapture_v2 cuStreamBeginCapture_v2_ptsz
+    cuStreamBeginCaptureToGraph cuStreamBeginCaptureToGraph_ptsz
+    cuStreamEndCapture cuStreamEndCapture_ptsz
     cuGetProcAddress cuGetProcAddress_v2)
   string(REPLACE ";" "," jaxlake_shim_hooked_arg "${jaxlake_shim_hooked}")
   set(jaxlake_shim_symbols "${PROJECT_SOURCE_DIR}/cc/shim/cuda_symbols.txt")

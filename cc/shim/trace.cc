@@ -20,6 +20,10 @@ int TraceWriter::Start(const std::string& path, const std::string& name,
   errno = 0;
   std::FILE* f = std::fopen(path.c_str(), "w");
   if (f == nullptr) return errno != 0 ? -errno : -1;
+  // A buffer large enough that the file is written only at the flushes
+  // (every flush_every_ events, Flush, Stop): what a dead process leaves is
+  // whole lines.
+  std::setvbuf(f, nullptr, _IOFBF, std::size_t{1} << 20);
   file_ = f;
   path_ = path;
   name_ = name;
@@ -59,6 +63,18 @@ long long TraceWriter::StopLocked() {
   return events_;
 }
 
+void TraceWriter::set_flush_every(std::size_t n) {
+  std::lock_guard<std::mutex> lock(mu_);
+  flush_every_ = n > 0 ? n : 1;
+}
+
+void TraceWriter::Flush() {
+  std::lock_guard<std::mutex> lock(mu_);
+  if (file_ == nullptr) return;
+  HeaderLocked();
+  std::fflush(file_);
+}
+
 std::string TraceWriter::path() const {
   std::lock_guard<std::mutex> lock(mu_);
   return file_ != nullptr ? path_ : std::string();
@@ -88,7 +104,8 @@ void TraceWriter::Alloc(int device, std::uintptr_t ptr, std::size_t size,
                static_cast<unsigned long long>(last_t_),
                static_cast<unsigned long long>(id), device, size,
                static_cast<unsigned long long>(stream));
-  ++events_;
+  if (++events_ % static_cast<long long>(flush_every_) == 0)
+    std::fflush(file_);
 }
 
 void TraceWriter::Free(int device, std::uintptr_t ptr, std::uint64_t stream) {
@@ -105,7 +122,8 @@ void TraceWriter::Free(int device, std::uintptr_t ptr, std::uint64_t stream) {
                static_cast<unsigned long long>(it->second.id), device,
                it->second.size, static_cast<unsigned long long>(stream));
   live_.erase(it);
-  ++events_;
+  if (++events_ % static_cast<long long>(flush_every_) == 0)
+    std::fflush(file_);
 }
 
 }  // namespace jaxlake::shim

@@ -7,6 +7,10 @@
 // `dev` is the device ordinal and `stream` the stream the lake saw (0: the
 // legacy default stream, 2: a per-thread default stream, else the CUstream
 // handle's value).
+//
+// The file is flushed every `flush_every` events (set_flush_every, from
+// JAXLAKE_TRACE_FLUSH) and by Flush(), which the shim calls at process exit,
+// so a process that dies keeps all but its last few events.
 #ifndef JAXLAKE_SHIM_TRACE_H_
 #define JAXLAKE_SHIM_TRACE_H_
 
@@ -41,6 +45,10 @@ class TraceWriter {
 
   bool active() const { return active_.load(std::memory_order_acquire); }
   std::string path() const;
+  // Events between two flushes (at least 1).
+  void set_flush_every(std::size_t n);
+  // Writes the header (if not yet) and whatever is buffered to the file.
+  void Flush();
 
   void Alloc(int device, std::uintptr_t ptr, std::size_t size,
              std::uint64_t stream);
@@ -66,6 +74,7 @@ class TraceWriter {
   std::uint64_t last_t_ = 0;
   std::uint64_t next_id_ = 0;
   long long events_ = 0;
+  std::size_t flush_every_ = 64;
   std::unordered_map<std::uintptr_t, Live> live_;
 };
 

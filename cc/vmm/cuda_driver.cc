@@ -283,6 +283,14 @@ std::vector<int> CudaDriver::access_devices() const {
   return out;
 }
 
+bool CudaDriver::owns_address(std::uintptr_t address) const {
+  std::lock_guard<std::mutex> lock(live_->mu);
+  auto it = live_->reservations.upper_bound(address);
+  if (it == live_->reservations.begin()) return false;
+  --it;
+  return address - it->first < it->second;
+}
+
 Status CudaDriver::Check(CUresult r) {
   if (r == cuda::CUDA_SUCCESS) return Status::kOk;
   if (r != cuda::CUDA_ERROR_NOT_READY)

@@ -151,6 +151,10 @@ class CudaDriver : public Driver {
   cuda::CUresult last_error() const;
   // The devices set_access grants access to (this one first).
   std::vector<int> access_devices() const;
+  // True when `address` lies in a virtual range this driver reserved and
+  // has not freed: the shim uses it to tell the lake's addresses from the
+  // driver's own pool's (one is never freed through the other).
+  bool owns_address(std::uintptr_t address) const;
 
  protected:
   Status do_reserve(std::size_t size, std::uintptr_t* va) override;

@@ -50,9 +50,13 @@ inline constexpr CUresult CUDA_ERROR_INVALID_DEVICE = 101;
 inline constexpr CUresult CUDA_ERROR_INVALID_CONTEXT = 201;
 inline constexpr CUresult CUDA_ERROR_SHARED_OBJECT_INIT_FAILED = 303;
 inline constexpr CUresult CUDA_ERROR_INVALID_HANDLE = 400;
+inline constexpr CUresult CUDA_ERROR_ILLEGAL_STATE = 401;
 inline constexpr CUresult CUDA_ERROR_NOT_FOUND = 500;
 inline constexpr CUresult CUDA_ERROR_NOT_READY = 600;
 inline constexpr CUresult CUDA_ERROR_NOT_SUPPORTED = 801;
+inline constexpr CUresult CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED = 900;
+inline constexpr CUresult CUDA_ERROR_STREAM_CAPTURE_INVALIDATED = 901;
+inline constexpr CUresult CUDA_ERROR_STREAM_CAPTURE_IMPLICIT = 906;
 inline constexpr CUresult CUDA_ERROR_UNKNOWN = 999;
 
 // ---- streams and events -----------------------------------------------------
@@ -68,6 +72,13 @@ inline constexpr unsigned int CU_EVENT_DISABLE_TIMING = 0x2;
 
 // CUstreamCaptureStatus
 inline constexpr int CU_STREAM_CAPTURE_STATUS_NONE = 0;
+inline constexpr int CU_STREAM_CAPTURE_STATUS_ACTIVE = 1;
+inline constexpr int CU_STREAM_CAPTURE_STATUS_INVALIDATED = 2;
+
+// CUstreamCaptureMode
+inline constexpr int CU_STREAM_CAPTURE_MODE_GLOBAL = 0;
+inline constexpr int CU_STREAM_CAPTURE_MODE_THREAD_LOCAL = 1;
+inline constexpr int CU_STREAM_CAPTURE_MODE_RELAXED = 2;
 
 // ---- devices ----------------------------------------------------------------
 
@@ -127,7 +138,12 @@ static_assert(sizeof(CUmemAccessDesc) == 12, "CUmemAccessDesc ABI");
 
 // ---- stream-ordered memory pools --------------------------------------------
 
-// CUmemPool_attribute (the value is a cuuint64_t for these four)
+// CUmemPool_attribute (the value is an int for the three REUSE ones, a
+// cuuint64_t for the others)
+inline constexpr int CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES = 1;
+inline constexpr int CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC = 2;
+inline constexpr int CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES = 3;
+inline constexpr int CU_MEMPOOL_ATTR_RELEASE_THRESHOLD = 4;
 inline constexpr int CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT = 5;
 inline constexpr int CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH = 6;
 inline constexpr int CU_MEMPOOL_ATTR_USED_MEM_CURRENT = 7;

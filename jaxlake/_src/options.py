@@ -127,6 +127,7 @@ OTHER_VARIABLES: Tuple[str, ...] = (
     "JAXLAKE_SHIM_PEER_ACCESS",   # 0: lake memory for its own device only
     "JAXLAKE_CAPACITY_FRACTION",  # set from a fractional capacity
     "JAXLAKE_REQUIRED",           # start-up hook: fail if inactive
+    "JAXLAKE_TRACE_FLUSH",        # trace events between two file flushes
 )
 
 _BY_NAME: Dict[str, Option] = {o.name: o for o in OPTIONS}

@@ -18,8 +18,21 @@
 //   lookup       cuGetProcAddress(_v2) answers with this library's
 //                functions; cuGetExportTable with a fixed table
 //
-//   capture      cuStreamIsCapturing reports what a test set
-//                (fakecuda_set_capturing)
+//   capture      cuStreamBeginCapture(_v2)/cuStreamEndCapture open and close
+//                captures (global, thread-local or relaxed mode), and
+//                cuStreamIsCapturing reports them and what a test set
+//                (fakecuda_set_capturing); cuThreadExchangeStreamCaptureMode
+//                keeps a mode per thread. As in the real driver, the
+//                "unsafe" calls (create, map, unmap, release, reserve,
+//                address free, event synchronize and query) fail with
+//                CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED from a thread that
+//                has an open capture of its own, or while any thread has a
+//                global one, unless the calling thread's mode is relaxed;
+//                and an event recorded on a capturing stream fails too (the
+//                lake must never do either)
+//   pool         every CUmemPool_attribute, with sets of the release
+//   attributes   threshold, the reuse flags and resets of the high marks;
+//                cuMemPoolTrimTo counts its calls
 //   arguments    cuLaunchKernel records its eleven arguments
 //
 // Test-only exports: fakecuda_calls(name) counts the calls of one entry
@@ -86,6 +99,13 @@ struct Fake {
   std::uint64_t release_threshold[kDevices] = {};
   std::set<std::uintptr_t> streams;
   std::set<std::uintptr_t> capturing;
+  struct Capture {
+    std::uintptr_t thread;
+    int mode;
+  };
+  std::map<std::uintptr_t, Capture> captures;  // stream -> open capture
+  int reuse[kDevices][3] = {};
+  std::uint64_t last_trim[kDevices] = {};
   std::uintptr_t next_stream = kFirstStream;
   std::size_t last_access_count = 0;
   unsigned long long last_launch[11] = {};
@@ -97,6 +117,12 @@ Fake& F() {
 }
 
 thread_local CUcontext t_current = nullptr;
+thread_local int t_capture_mode = 0;  // CU_STREAM_CAPTURE_MODE_GLOBAL
+thread_local char t_thread_tag;       // its address names the thread
+
+std::uintptr_t ThisThread() {
+  return reinterpret_cast<std::uintptr_t>(&t_thread_tag);
+}
 
 void Count(const char* name) {
   Fake& f = F();
@@ -161,6 +187,23 @@ CUresult NeedInit() {
   return f.initialized ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
 
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED when a "potentially unsafe" call
+// is prohibited for the calling thread now (see the top of the file).
+CUresult NeedNoCapture() {
+  if (t_capture_mode == CU_STREAM_CAPTURE_MODE_RELAXED) return CUDA_SUCCESS;
+  Fake& f = F();
+  std::lock_guard<std::mutex> lock(f.mu);
+  for (const auto& [stream, c] : f.captures) {
+    if (c.mode == CU_STREAM_CAPTURE_MODE_GLOBAL ||
+        (c.mode == CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+         c.thread == ThisThread())) {
+      ++f.calls["prohibited under capture"];
+      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+  }
+  return CUDA_SUCCESS;
+}
+
 // The stream as the host driver sees it; false for an unknown handle. The
 // null stream is the legacy stream (0), or the per-thread one (2) in the
 // _ptsz entry points.
@@ -222,6 +265,14 @@ CUresult EventRecord(CUevent event, CUstream stream, bool per_thread) {
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
   std::uint64_t sid = 0;
   if (!StreamId(stream, per_thread, &sid)) return CUDA_ERROR_INVALID_HANDLE;
+  {
+    Fake& f = F();
+    std::lock_guard<std::mutex> lock(f.mu);
+    if (f.capturing.count(sid) != 0 || f.captures.count(sid) != 0) {
+      ++f.calls["prohibited under capture"];
+      return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+    }
+  }
   return FromStatus(
       F().host.event_record(reinterpret_cast<std::uintptr_t>(event), sid));
 }
@@ -254,10 +305,13 @@ FAKE_EXPORT CUresult cuInit(unsigned int flags) {
   return CUDA_SUCCESS;
 }
 
+// Needs no cuInit, as in the real driver. FAKECUDA_DRIVER_VERSION, when
+// set, replaces the version (tests of a driver too old for VMM).
 FAKE_EXPORT CUresult cuDriverGetVersion(int* version) {
   FAKE_COUNT();
   if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *version = kDriverVersion;
+  const char* forced = std::getenv("FAKECUDA_DRIVER_VERSION");
+  *version = forced != nullptr ? std::atoi(forced) : kDriverVersion;
   return CUDA_SUCCESS;
 }
 
@@ -413,6 +467,7 @@ FAKE_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* ptr, std::size_t size,
                                          unsigned long long flags) {
   FAKE_COUNT();
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = NeedNoCapture(); r != CUDA_SUCCESS) return r;
   if (ptr == nullptr || flags != 0 || alignment > kGranularity ||
       (alignment & (alignment - 1)) != 0)
     return CUDA_ERROR_INVALID_VALUE;
@@ -425,6 +480,7 @@ FAKE_EXPORT CUresult cuMemAddressReserve(CUdeviceptr* ptr, std::size_t size,
 FAKE_EXPORT CUresult cuMemAddressFree(CUdeviceptr ptr, std::size_t size) {
   FAKE_COUNT();
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = NeedNoCapture(); r != CUDA_SUCCESS) return r;
   return FromStatus(F().host.address_free(ptr, size));
 }
 
@@ -434,6 +490,7 @@ FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle,
                                  unsigned long long flags) {
   FAKE_COUNT();
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = NeedNoCapture(); r != CUDA_SUCCESS) return r;
   if (handle == nullptr || prop == nullptr || flags != 0 ||
       prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
       prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
@@ -461,6 +518,7 @@ FAKE_EXPORT CUresult cuMemCreate(CUmemGenericAllocationHandle* handle,
 FAKE_EXPORT CUresult cuMemRelease(CUmemGenericAllocationHandle handle) {
   FAKE_COUNT();
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = NeedNoCapture(); r != CUDA_SUCCESS) return r;
   Fake& f = F();
   const Status s = f.host.release(handle);
   if (s == Status::kOk) {
@@ -480,6 +538,7 @@ FAKE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, std::size_t size,
                               unsigned long long flags) {
   FAKE_COUNT();
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = NeedNoCapture(); r != CUDA_SUCCESS) return r;
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
   return FromStatus(F().host.map(ptr, size, offset, handle));
 }
@@ -487,6 +546,7 @@ FAKE_EXPORT CUresult cuMemMap(CUdeviceptr ptr, std::size_t size,
 FAKE_EXPORT CUresult cuMemUnmap(CUdeviceptr ptr, std::size_t size) {
   FAKE_COUNT();
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = NeedNoCapture(); r != CUDA_SUCCESS) return r;
   return FromStatus(F().host.unmap(ptr, size));
 }
 
@@ -556,10 +616,74 @@ CUresult IsCapturing(CUstream stream, int* status, bool per_thread) {
   if (!StreamId(stream, per_thread, &sid)) return CUDA_ERROR_INVALID_HANDLE;
   Fake& f = F();
   std::lock_guard<std::mutex> lock(f.mu);
-  *status = f.capturing.count(sid) != 0 ? 1 : CU_STREAM_CAPTURE_STATUS_NONE;
+  *status = f.capturing.count(sid) != 0 || f.captures.count(sid) != 0
+                ? CU_STREAM_CAPTURE_STATUS_ACTIVE
+                : CU_STREAM_CAPTURE_STATUS_NONE;
+  return CUDA_SUCCESS;
+}
+
+CUresult BeginCapture(CUstream stream, int mode, bool per_thread) {
+  if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  std::uint64_t sid = 0;
+  if (mode < 0 || mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+    return CUDA_ERROR_INVALID_VALUE;
+  if (!StreamId(stream, per_thread, &sid)) return CUDA_ERROR_INVALID_HANDLE;
+  if (sid == 0) return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;  // legacy
+  Fake& f = F();
+  std::lock_guard<std::mutex> lock(f.mu);
+  if (f.captures.count(sid) != 0) return CUDA_ERROR_ILLEGAL_STATE;
+  f.captures[sid] = Fake::Capture{ThisThread(), mode};
+  return CUDA_SUCCESS;
+}
+
+CUresult EndCapture(CUstream stream, void** graph, bool per_thread) {
+  if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  std::uint64_t sid = 0;
+  if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!StreamId(stream, per_thread, &sid)) return CUDA_ERROR_INVALID_HANDLE;
+  Fake& f = F();
+  std::lock_guard<std::mutex> lock(f.mu);
+  if (f.captures.erase(sid) == 0) return CUDA_ERROR_ILLEGAL_STATE;
+  static int graphs = 0;
+  *graph = &graphs;  // a handle; nothing is launched
   return CUDA_SUCCESS;
 }
 }  // namespace
+
+FAKE_EXPORT CUresult cuStreamBeginCapture(CUstream stream) {
+  FAKE_COUNT();
+  return BeginCapture(stream, CU_STREAM_CAPTURE_MODE_GLOBAL, false);
+}
+
+FAKE_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream, int mode) {
+  FAKE_COUNT();
+  return BeginCapture(stream, mode, false);
+}
+
+FAKE_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream, int mode) {
+  FAKE_COUNT();
+  return BeginCapture(stream, mode, true);
+}
+
+FAKE_EXPORT CUresult cuStreamEndCapture(CUstream stream, void** graph) {
+  FAKE_COUNT();
+  return EndCapture(stream, graph, false);
+}
+
+FAKE_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream, void** graph) {
+  FAKE_COUNT();
+  return EndCapture(stream, graph, true);
+}
+
+FAKE_EXPORT CUresult cuThreadExchangeStreamCaptureMode(int* mode) {
+  FAKE_COUNT();
+  if (mode == nullptr || *mode < 0 || *mode > CU_STREAM_CAPTURE_MODE_RELAXED)
+    return CUDA_ERROR_INVALID_VALUE;
+  const int old = t_capture_mode;
+  t_capture_mode = *mode;
+  *mode = old;
+  return CUDA_SUCCESS;
+}
 
 FAKE_EXPORT CUresult cuStreamIsCapturing(CUstream stream, int* status) {
   FAKE_COUNT();
@@ -620,6 +744,7 @@ FAKE_EXPORT CUresult cuEventRecord_ptsz(CUevent event, CUstream stream) {
 FAKE_EXPORT CUresult cuEventQuery(CUevent event) {
   FAKE_COUNT();
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = NeedNoCapture(); r != CUDA_SUCCESS) return r;
   return FromStatus(
       F().host.event_query(reinterpret_cast<std::uintptr_t>(event)));
 }
@@ -627,6 +752,7 @@ FAKE_EXPORT CUresult cuEventQuery(CUevent event) {
 FAKE_EXPORT CUresult cuEventSynchronize(CUevent event) {
   FAKE_COUNT();
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = NeedNoCapture(); r != CUDA_SUCCESS) return r;
   return FromStatus(
       F().host.event_synchronize(reinterpret_cast<std::uintptr_t>(event)));
 }
@@ -679,6 +805,14 @@ FAKE_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr,
   std::lock_guard<std::mutex> lock(f.mu);
   auto* out = static_cast<cuuint64_t*>(value);
   switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+      *static_cast<int*>(value) = f.reuse[d][attr - 1];
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+      *out = f.release_threshold[d];
+      return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
     case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
       *out = f.pool_used[d];
@@ -686,9 +820,6 @@ FAKE_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool, int attr,
     case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
     case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
       *out = f.pool_high[d];
-      return CUDA_SUCCESS;
-    case 4:  // CU_MEMPOOL_ATTR_RELEASE_THRESHOLD
-      *out = f.release_threshold[d];
       return CUDA_SUCCESS;
     default:
       return CUDA_ERROR_INVALID_VALUE;
@@ -700,10 +831,38 @@ FAKE_EXPORT CUresult cuMemPoolSetAttribute(CUmemoryPool pool, int attr,
   FAKE_COUNT();
   if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
   const int d = DeviceOfPool(pool);
-  if (d < 0 || value == nullptr || attr != 4) return CUDA_ERROR_INVALID_VALUE;
+  if (d < 0 || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   Fake& f = F();
   std::lock_guard<std::mutex> lock(f.mu);
-  f.release_threshold[d] = *static_cast<const cuuint64_t*>(value);
+  switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+      f.reuse[d][attr - 1] = *static_cast<const int*>(value);
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+      f.release_threshold[d] = *static_cast<const cuuint64_t*>(value);
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+      // Only a reset to zero is allowed; the mark restarts from now.
+      if (*static_cast<const cuuint64_t*>(value) != 0)
+        return CUDA_ERROR_INVALID_VALUE;
+      f.pool_high[d] = f.pool_used[d];
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+FAKE_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool, std::size_t keep) {
+  FAKE_COUNT();
+  if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  const int d = DeviceOfPool(pool);
+  if (d < 0) return CUDA_ERROR_INVALID_VALUE;
+  Fake& f = F();
+  std::lock_guard<std::mutex> lock(f.mu);
+  f.last_trim[d] = keep;
   return CUDA_SUCCESS;
 }
 

@@ -389,7 +389,7 @@ TEST(every_listed_symbol_is_exported_and_nothing_else) {
       "jaxlake_shim_stats_json",  "jaxlake_shim_hooks_json",
       "jaxlake_shim_status_json", "jaxlake_shim_empty_cache",
       "jaxlake_shim_trace_start", "jaxlake_shim_trace_stop",
-      "_init", "_fini", "_edata", "_end", "__bss_start"};
+      "jaxlake_shim_disable", "_init", "_fini", "_edata", "_end", "__bss_start"};
   std::string extra;
   for (const std::string& name : Exports(JAXLAKE_SHIM_PATH))
     if (listed.count(name) == 0 && allowed.count(name) == 0)
@@ -543,6 +543,10 @@ TEST(pool_allocations_are_served_by_the_lake_with_their_stream) {
 }
 
 TEST(null_streams_are_the_legacy_or_per_thread_stream) {
+  // The legacy stream (null in the plain entry points, or its handle) is
+  // one stream for every thread: the lake serves it as stream 0. The
+  // per-thread default stream (null in the _ptsz ones, or its handle) is
+  // one per thread, so the driver's pool serves it.
   const Cuda& cu = Cu();
   const Device d = Ready(0);
   Drain();
@@ -550,26 +554,71 @@ TEST(null_streams_are_the_legacy_or_per_thread_stream) {
   REQUIRE_EQ(Api<decltype(jaxlake_shim_trace_start)>(
                  "jaxlake_shim_trace_start")(trace.c_str(), nullptr),
              0);
-  CUdeviceptr a = 0, b = 0;
+  const auto native = FakeCalls("cuMemAllocFromPoolAsync_ptsz") +
+                      FakeCalls("cuMemAllocFromPoolAsync");
+  const auto native_frees =
+      FakeCalls("cuMemFreeAsync_ptsz") + FakeCalls("cuMemFreeAsync");
+  CUdeviceptr a = 0, b = 0, c = 0;
   CHECK_EQ(cu.MemAllocFromPoolAsync(&a, 4 * kMiB, d.pool, nullptr),
            CUDA_SUCCESS);
   CHECK_EQ(cu.MemAllocFromPoolAsync_ptsz(&b, 4 * kMiB, d.pool, nullptr),
            CUDA_SUCCESS);
+  CHECK_EQ(cu.MemAllocFromPoolAsync(
+               &c, 4 * kMiB, d.pool, reinterpret_cast<CUstream>(kStreamPerThread)),
+           CUDA_SUCCESS);
+  CHECK_EQ(FakeCalls("cuMemAllocFromPoolAsync_ptsz") +
+               FakeCalls("cuMemAllocFromPoolAsync"),
+           native + 2);
+  CHECK_EQ(Gauge(0, "live_allocations"), 1);
   CHECK_EQ(cu.MemFreeAsync_ptsz(b, nullptr), CUDA_SUCCESS);
+  CHECK_EQ(cu.MemFreeAsync(c, reinterpret_cast<CUstream>(kStreamPerThread)),
+           CUDA_SUCCESS);
+  CHECK_EQ(FakeCalls("cuMemFreeAsync_ptsz") + FakeCalls("cuMemFreeAsync"),
+           native_frees + 2);
   CHECK_EQ(cu.MemFreeAsync(a, reinterpret_cast<CUstream>(kStreamLegacy)),
            CUDA_SUCCESS);
   CHECK_EQ(Api<decltype(jaxlake_shim_trace_stop)>("jaxlake_shim_trace_stop")(),
-           4);
+           2);
   const std::vector<std::string> lines = ReadLines(trace);
-  REQUIRE_EQ(lines.size(), 5u);
+  REQUIRE_EQ(lines.size(), 3u);
   CHECK_EQ(JsonInt(lines[1], "stream"), 0);
-  const auto per_thread = static_cast<long long>(kStreamPerThread);
-  CHECK_EQ(JsonInt(lines[2], "stream"), per_thread);
-  CHECK_EQ(JsonInt(lines[3], "stream"), per_thread);
-  CHECK_EQ(JsonInt(lines[4], "stream"), 0);
+  CHECK_EQ(JsonInt(lines[2], "stream"), 0);
   ::unlink(trace.c_str());
-  CHECK(HookCount("cuMemAllocFromPoolAsync_ptsz", "served") >= 1);
-  CHECK(HookCount("cuMemFreeAsync_ptsz", "served") >= 1);
+  CHECK(HookCount("cuMemAllocFromPoolAsync_ptsz", "forwarded") >= 1);
+  CHECK(HookCount("cuMemFreeAsync_ptsz", "forwarded") >= 1);
+}
+
+TEST(per_thread_default_streams_never_share_lake_memory) {
+  // Two threads each allocate and free on their own per-thread default
+  // stream while the other holds memory: no block freed on one thread's
+  // stream can reach the other thread unordered, because neither comes
+  // from the lake.
+  const Cuda& cu = Cu();
+  const Device d = Ready(0);
+  Drain();
+  const long long allocs = Counter(0, "allocs");
+  std::atomic<int> failures{0};
+  std::atomic<int> phase{0};
+  CUdeviceptr first = 0, second = 0;
+  std::thread one([&] {
+    cu.CtxSetCurrent(d.ctx);
+    if (cu.MemAllocFromPoolAsync_ptsz(&first, 8 * kMiB, d.pool, nullptr) != 0)
+      ++failures;
+    if (cu.MemFreeAsync_ptsz(first, nullptr) != 0) ++failures;
+    phase = 1;
+  });
+  std::thread two([&] {
+    cu.CtxSetCurrent(d.ctx);
+    while (phase.load() == 0) std::this_thread::yield();
+    if (cu.MemAllocFromPoolAsync_ptsz(&second, 8 * kMiB, d.pool, nullptr) != 0)
+      ++failures;
+    if (cu.MemFreeAsync_ptsz(second, nullptr) != 0) ++failures;
+  });
+  one.join();
+  two.join();
+  CHECK_EQ(failures.load(), 0);
+  CHECK_EQ(Counter(0, "allocs"), allocs);  // the lake served neither
+  CHECK_EQ(Gauge(0, "live_allocations"), 0);
 }
 
 TEST(reuse_across_streams_waits_for_the_event) {
@@ -637,14 +686,71 @@ TEST(pool_attributes_report_the_lake) {
   CHECK(attr(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT) >= 10 * kMiB);
   CHECK(attr(CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH) >=
         attr(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT));
-  // Other attributes are the driver's.
+  // The driver's own pool memory (here made behind the shim's back) adds
+  // to the lake's.
+  auto* native =
+      Sym<CUresult(CUdeviceptr*, std::size_t, CUmemoryPool, CUstream)>(
+          g_fake, "cuMemAllocFromPoolAsync");
+  CUdeviceptr q = 0;
+  REQUIRE_EQ(native(&q, 4096, d.pool, s), CUDA_SUCCESS);
+  CHECK_EQ(attr(CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 10 * kMiB + 4096);
+  CHECK_EQ(cu.MemFreeAsync(q, s), CUDA_SUCCESS);
+  // Other attributes are the driver's, and so are sets: XLA's release
+  // threshold reaches the driver's pool and reads back.
+  auto* set = Sym<CUresult(CUmemoryPool, int, void*)>(g_libcuda,
+                                                      "cuMemPoolSetAttribute");
+  cuuint64_t threshold = 1ull << 40;
+  CHECK_EQ(set(d.pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD, &threshold),
+           CUDA_SUCCESS);
   const auto before = FakeCalls("cuMemPoolGetAttribute");
-  cuuint64_t threshold = 1;
-  CHECK_EQ(cu.MemPoolGetAttribute(d.pool, 4, &threshold), CUDA_SUCCESS);
-  CHECK_EQ(threshold, 0u);
+  threshold = 0;
+  CHECK_EQ(cu.MemPoolGetAttribute(d.pool, CU_MEMPOOL_ATTR_RELEASE_THRESHOLD,
+                                  &threshold),
+           CUDA_SUCCESS);
+  CHECK_EQ(threshold, 1ull << 40);
   CHECK_EQ(FakeCalls("cuMemPoolGetAttribute"), before + 1);
+  int reuse = -1;
+  CHECK_EQ(cu.MemPoolGetAttribute(
+               d.pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
+               &reuse),
+           CUDA_SUCCESS);
+  CHECK_EQ(reuse, 0);
+  // A reset of a high mark is the driver's; the lake's peak stays.
+  cuuint64_t zero = 0;
+  CHECK_EQ(set(d.pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero), CUDA_SUCCESS);
+  CHECK(attr(CU_MEMPOOL_ATTR_USED_MEM_HIGH) >= 10 * kMiB);
   CHECK_EQ(cu.MemFreeAsync(p, s), CUDA_SUCCESS);
   CHECK_EQ(attr(CU_MEMPOOL_ATTR_USED_MEM_CURRENT), 0u);
+  // Trimming releases the lake's cached memory beyond the bytes to keep.
+  auto* trim =
+      Sym<CUresult(CUmemoryPool, std::size_t)>(g_libcuda, "cuMemPoolTrimTo");
+  const auto trims = FakeCalls("cuMemPoolTrimTo");
+  CHECK(Gauge(0, "bytes_reserved") > 0);
+  CHECK_EQ(trim(d.pool, 1ull << 40), CUDA_SUCCESS);
+  CHECK(Gauge(0, "bytes_reserved") > 0);
+  CHECK_EQ(trim(d.pool, 0), CUDA_SUCCESS);
+  CHECK_EQ(Gauge(0, "bytes_reserved"), 0);
+  CHECK_EQ(FakeCalls("cuMemPoolTrimTo"), trims + 2);
+  CHECK_EQ(attr(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0u);
+}
+
+TEST(pool_queries_do_not_create_a_lake) {
+  const Cuda& cu = Cu();
+  const Device d = Ready(1);
+  const std::vector<int> before = LakeDevices();
+  const bool had = std::find(before.begin(), before.end(), 1) != before.end();
+  for (int which : {CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT,
+                    CU_MEMPOOL_ATTR_USED_MEM_HIGH}) {
+    cuuint64_t v = ~cuuint64_t{0};
+    CHECK_EQ(cu.MemPoolGetAttribute(d.pool, which, &v), CUDA_SUCCESS);
+    if (!had) CHECK_EQ(v, PoolBytes(1));
+  }
+  auto* trim =
+      Sym<CUresult(CUmemoryPool, std::size_t)>(g_libcuda, "cuMemPoolTrimTo");
+  CHECK_EQ(trim(d.pool, 0), CUDA_SUCCESS);
+  const std::vector<int> after = LakeDevices();
+  CHECK_EQ(std::find(after.begin(), after.end(), 1) != after.end(), had);
+  Ready(0);
 }
 
 TEST(out_of_memory_is_reported_and_recovers) {
@@ -757,6 +863,21 @@ TEST(peers_get_access_to_the_lake_memory) {
   CHECK_EQ(cu.MemFreeAsync(p, s), CUDA_SUCCESS);
 }
 
+// Captures through the shim, as XLA's command buffers make them.
+CUresult BeginCapture(CUstream s, int mode) {
+  return Sym<CUresult(CUstream, int)>(g_libcuda, "cuStreamBeginCapture_v2")(
+      s, mode);
+}
+CUresult EndCapture(CUstream s) {
+  void* graph = nullptr;
+  return Sym<CUresult(CUstream, void**)>(g_libcuda, "cuStreamEndCapture")(
+      s, &graph);
+}
+int ExchangeMode(int mode) {
+  Sym<CUresult(int*)>(g_libcuda, "cuThreadExchangeStreamCaptureMode")(&mode);
+  return mode;
+}
+
 TEST(allocations_during_capture_stay_with_the_driver) {
   const Cuda& cu = Cu();
   const Device d = Ready(0);
@@ -765,6 +886,8 @@ TEST(allocations_during_capture_stay_with_the_driver) {
       Sym<void(CUstream, int)>(g_fake, "fakecuda_set_capturing");
   const auto allocs = FakeCalls("cuMemAllocFromPoolAsync");
   const auto frees = FakeCalls("cuMemFreeAsync");
+  const long long captured = HookCount("cuMemAllocFromPoolAsync", "captured");
+  const long long captured_frees = HookCount("cuMemFreeAsync", "captured");
   set_capturing(s, 1);
   CUdeviceptr p = 0;
   CHECK_EQ(cu.MemAllocFromPoolAsync(&p, 4 * kMiB, d.pool, s), CUDA_SUCCESS);
@@ -772,6 +895,153 @@ TEST(allocations_during_capture_stay_with_the_driver) {
   set_capturing(s, 0);
   CHECK_EQ(FakeCalls("cuMemAllocFromPoolAsync"), allocs + 1);
   CHECK_EQ(FakeCalls("cuMemFreeAsync"), frees + 1);
+  if (InactiveBecause() == nullptr) {
+    CHECK_EQ(HookCount("cuMemAllocFromPoolAsync", "captured"), captured + 1);
+    CHECK_EQ(HookCount("cuMemFreeAsync", "captured"), captured_frees + 1);
+  }
+  CHECK_EQ(FakeCalls("prohibited under capture"), 0u);
+}
+
+TEST(a_thread_local_capture_sends_that_threads_requests_to_the_driver) {
+  // Thread A captures stream c in thread-local mode (as XLA does) and then
+  // allocates on stream s, which is not being captured: the lake's driver
+  // calls would be prohibited on A, so the driver's pool serves it. Thread
+  // B, meanwhile, is served by the lake.
+  const Cuda& cu = Cu();
+  const Device d = Ready(0);
+  Drain();
+  const CUstream c = NewStream(), s = NewStream(), other = NewStream();
+  const auto native = FakeCalls("cuMemAllocFromPoolAsync");
+  const long long captured = HookCount("cuMemAllocFromPoolAsync", "captured");
+  const long long allocs = Counter(0, "allocs");
+  std::atomic<int> step{0};
+  CUresult begin = -1, a_alloc = -1, a_free = -1, end = -1;
+  CUdeviceptr pa = 0;
+  std::thread a([&] {
+    cu.CtxSetCurrent(d.ctx);
+    begin = BeginCapture(c, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL);
+    a_alloc = cu.MemAllocFromPoolAsync(&pa, 6 * kMiB, d.pool, s);
+    step = 1;
+    while (step.load() != 2) std::this_thread::yield();
+    a_free = cu.MemFreeAsync(pa, s);
+    end = EndCapture(c);
+  });
+  while (step.load() != 1) std::this_thread::yield();
+  // B, while A's capture is open: the lake serves it (and may call the
+  // driver's unsafe functions, which B may).
+  CUdeviceptr pb = 0;
+  CHECK_EQ(cu.MemAllocFromPoolAsync(&pb, 6 * kMiB, d.pool, other),
+           CUDA_SUCCESS);
+  CHECK_EQ(cu.MemFreeAsync(pb, other), CUDA_SUCCESS);
+  step = 2;
+  a.join();
+  CHECK_EQ(begin, CUDA_SUCCESS);
+  CHECK_EQ(a_alloc, CUDA_SUCCESS);
+  CHECK_EQ(a_free, CUDA_SUCCESS);
+  CHECK_EQ(end, CUDA_SUCCESS);
+  if (InactiveBecause() != nullptr) return;
+  CHECK_EQ(FakeCalls("cuMemAllocFromPoolAsync"), native + 1);
+  CHECK_EQ(HookCount("cuMemAllocFromPoolAsync", "captured"), captured + 1);
+  CHECK_EQ(Counter(0, "allocs"), allocs + 1);  // B's
+  CHECK_EQ(FakeCalls("prohibited under capture"), 0u);
+  // Once the capture ended, the same thread's requests reach the lake.
+  CUdeviceptr p = 0;
+  CHECK_EQ(cu.MemAllocFromPoolAsync(&p, 6 * kMiB, d.pool, s), CUDA_SUCCESS);
+  CHECK_EQ(Counter(0, "allocs"), allocs + 2);
+  CHECK_EQ(cu.MemFreeAsync(p, s), CUDA_SUCCESS);
+}
+
+TEST(a_global_capture_sends_other_threads_to_the_driver_unless_relaxed) {
+  const Cuda& cu = Cu();
+  const Device d = Ready(0);
+  Drain();
+  const CUstream c = NewStream(), s = NewStream();
+  const auto native = FakeCalls("cuMemAllocFromPoolAsync");
+  const long long allocs = Counter(0, "allocs");
+  std::atomic<int> step{0};
+  std::thread a([&] {
+    cu.CtxSetCurrent(d.ctx);
+    if (BeginCapture(c, CU_STREAM_CAPTURE_MODE_GLOBAL) != CUDA_SUCCESS)
+      std::abort();
+    step = 1;
+    while (step.load() != 2) std::this_thread::yield();
+    if (EndCapture(c) != CUDA_SUCCESS) std::abort();
+  });
+  while (step.load() != 1) std::this_thread::yield();
+  CUdeviceptr p = 0, q = 0;
+  CHECK_EQ(cu.MemAllocFromPoolAsync(&p, 4 * kMiB, d.pool, s), CUDA_SUCCESS);
+  CHECK_EQ(cu.MemFreeAsync(p, s), CUDA_SUCCESS);
+  if (InactiveBecause() == nullptr) {
+    CHECK_EQ(FakeCalls("cuMemAllocFromPoolAsync"), native + 1);
+    CHECK_EQ(Counter(0, "allocs"), allocs);
+  }
+  // In relaxed mode this thread may make unsafe calls: the lake serves it.
+  const int old = ExchangeMode(CU_STREAM_CAPTURE_MODE_RELAXED);
+  CHECK_EQ(cu.MemAllocFromPoolAsync(&q, 4 * kMiB, d.pool, s), CUDA_SUCCESS);
+  CHECK_EQ(cu.MemFreeAsync(q, s), CUDA_SUCCESS);
+  CHECK_EQ(ExchangeMode(old), CU_STREAM_CAPTURE_MODE_RELAXED);
+  // The shim's query put the thread's mode back each time.
+  CHECK_EQ(old, CU_STREAM_CAPTURE_MODE_GLOBAL);
+  step = 2;
+  a.join();
+  if (InactiveBecause() == nullptr) {
+    CHECK_EQ(Counter(0, "allocs"), allocs + 1);
+    CHECK_EQ(FakeCalls("prohibited under capture"), 0u);
+  }
+}
+
+TEST(lake_and_pool_addresses_never_cross) {
+  const Cuda& cu = Cu();
+  const Device d = Ready(0);
+  Drain();
+  const CUstream s = NewStream(), c = NewStream();
+  const auto frees = FakeCalls("cuMemFreeAsync");
+  // A lake address freed under capture is refused, not handed to the pool.
+  CUdeviceptr lake = 0;
+  REQUIRE_EQ(cu.MemAllocFromPoolAsync(&lake, 4 * kMiB, d.pool, s),
+             CUDA_SUCCESS);
+  REQUIRE_EQ(BeginCapture(c, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+             CUDA_SUCCESS);
+  CHECK_EQ(cu.MemFreeAsync(lake, c), CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
+  // A pool address made under capture ...
+  CUdeviceptr pool = 0;
+  REQUIRE_EQ(cu.MemAllocFromPoolAsync(&pool, 4 * kMiB, d.pool, c),
+             CUDA_SUCCESS);
+  REQUIRE_EQ(EndCapture(c), CUDA_SUCCESS);
+  CHECK_EQ(FakeCalls("cuMemFreeAsync"), frees);
+  CHECK_EQ(Gauge(0, "live_allocations"), 1);
+  // ... is freed by the pool after it, and the lake address by the lake.
+  CHECK_EQ(cu.MemFreeAsync(pool, s), CUDA_SUCCESS);
+  CHECK_EQ(FakeCalls("cuMemFreeAsync"), frees + 1);
+  CHECK_EQ(cu.MemFreeAsync(lake, s), CUDA_SUCCESS);
+  CHECK_EQ(Gauge(0, "live_allocations"), 0);
+  // A second free of the lake address is the lake's error, not the pool's.
+  CHECK_EQ(cu.MemFreeAsync(lake, s), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(cu.MemFreeAsync(lake + 256, s), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(FakeCalls("cuMemFreeAsync"), frees + 1);
+  CHECK_EQ(FakeCalls("prohibited under capture"), 0u);
+}
+
+TEST(get_proc_address_answers_capture_names_with_the_shim) {
+  const Cuda& cu = Cu();
+  struct Case {
+    const char* name;
+    cuuint64_t flags;
+    const char* want;
+  };
+  const Case cases[] = {
+      {"cuStreamBeginCapture", 0, "cuStreamBeginCapture_v2"},
+      {"cuStreamBeginCapture", 2, "cuStreamBeginCapture_v2_ptsz"},
+      {"cuStreamEndCapture", 0, "cuStreamEndCapture"},
+      {"cuStreamEndCapture", 2, "cuStreamEndCapture_ptsz"},
+      {"cuMemPoolTrimTo", 0, "cuMemPoolTrimTo"},
+  };
+  for (const Case& c : cases) {
+    void* fn = nullptr;
+    CHECK_EQ(cu.GetProcAddress_v2(c.name, &fn, 12080, c.flags, nullptr),
+             CUDA_SUCCESS);
+    CHECK(fn != nullptr && fn == ::dlsym(g_shim, c.want));
+  }
 }
 
 TEST(a_thread_without_a_context_can_allocate) {

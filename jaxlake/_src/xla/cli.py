@@ -53,7 +53,10 @@ def run_environment(environ: Dict[str, str], trace: Optional[str]
     if not os.path.isfile(shim):
         raise ConfigurationError(f"this build of jaxlake has no CUDA shim "
                                  f"({shim} is missing)")
-    env.update(xla.shim_environment(resolved, driver, trace))
+    shim_env = xla.shim_environment(resolved, driver, trace)
+    if xla.FRACTION_ENV not in shim_env:
+        env.pop(xla.FRACTION_ENV, None)
+    env.update(shim_env)
     preload = env.get("LD_PRELOAD", "")
     env["LD_PRELOAD"] = shim + (" " + preload if preload else "")
     env[xla.ALLOCATOR_ENV] = "cuda_async"
@@ -90,21 +93,29 @@ def _run(args: argparse.Namespace) -> int:
     return 0  # not reached
 
 
+#: The values of XLA's xla_gpu_command_buffer_update_mode (its
+#: CommandBufferUpdateMode enum in jax 0.10 and 0.11); any but ALWAYS_UPDATE
+#: makes XLA switch the allocator to its own VMM allocator.
+UPDATE_MODES = ("ALWAYS_UPDATE", "NEVER_UPDATE", "CAPTURE_CMD_NEVER_UPDATE")
+
+
 def setting_warnings(environ: Dict[str, str]) -> List[str]:
     """Settings that take allocations away from the lake."""
     out: List[str] = []
     kept, _ = xla.split_xla_flags(environ.get("XLA_FLAGS", ""))
     for token in kept.split():
         name, _, value = token.lstrip("-").partition("=")
-        if (name == "xla_gpu_command_buffer_update_mode"
-                and value.strip("'\"") != "ALWAYS_UPDATE"):
-            out.append(
-                f"XLA_FLAGS sets {name}={value}: XLA then switches every "
-                "allocator kind to its own VMM allocator, bypassing the lake "
-                "(use ALWAYS_UPDATE, the default)")
-        if name == "xla_gpu_experimental_vmm_disabled":
-            out.append(f"XLA_FLAGS sets {name}={value}: this changes XLA's "
-                       "allocation path; the lake serves cuda_async only")
+        value = value.strip("'\"")
+        if name == "xla_gpu_command_buffer_update_mode":
+            if value not in UPDATE_MODES:
+                out.append(
+                    f"XLA_FLAGS sets {name}={value}, which is not one of "
+                    f"XLA's values ({', '.join(UPDATE_MODES)})")
+            elif value != "ALWAYS_UPDATE":
+                out.append(
+                    f"XLA_FLAGS sets {name}={value}: XLA then switches every "
+                    "allocator kind to its own VMM allocator, bypassing the "
+                    "lake (use ALWAYS_UPDATE, the default)")
     allocator = environ.get(xla.ALLOCATOR_ENV)
     if allocator not in (None, "", "cuda_async"):
         out.append(f"{xla.ALLOCATOR_ENV}={allocator}: jaxlake serves only "
@@ -116,6 +127,10 @@ def setting_warnings(environ: Dict[str, str]) -> List[str]:
                    "the whole device to the lake in one block at start "
                    "(configure() and `jaxlake run` set it to false)")
     return out
+
+
+def _gib(n: int) -> str:
+    return f"{n / (1 << 30):.2f} GiB"
 
 
 def doctor(out: TextIO, start_jax: bool = True) -> int:
@@ -150,10 +165,23 @@ def doctor(out: TextIO, start_jax: bool = True) -> int:
     if status.driver_version:
         major, minor = divmod(status.driver_version // 10, 100)
         line("driver version", f"{status.driver_version} (CUDA {major}.{minor})")
-    for dev in status.devices:
+    devices: List[xla.Device] = []
+    loaded = xla._loaded_shim()  # pylint: disable=protected-access
+    if status.active and loaded is not None:
+        # doctor may initialise CUDA (configure() itself does not).
+        devices, problem = xla.probe_devices(loaded)
+        if problem:
+            line("devices", problem)
+    nbytes, fraction, source = xla.capacity_rule(status.options)
+    rule = _gib(nbytes) if nbytes is not None else \
+        f"{fraction:g} of each device's memory"
+    line("capacity", f"{rule} (from {source})")
+    for dev in devices:
+        cap = xla.effective_capacity(status.options, dev.total_memory)
         line(f"device {dev.ordinal}",
-             f"{dev.total_memory / (1 << 30):.1f} GiB, virtual memory "
-             f"management {'supported' if dev.vmm else 'NOT supported'}")
+             f"{_gib(dev.total_memory)}, virtual memory management "
+             f"{'supported' if dev.vmm else 'NOT supported'}"
+             + (f"; lake capacity {_gib(cap)}" if dev.vmm else ""))
     line("lake", "active" if status.active else f"inactive: {status.reason}")
     if not status.active or not start_jax:
         line("hooks live", "no" if not status.active else "not checked")
@@ -175,6 +203,12 @@ def doctor(out: TextIO, start_jax: bool = True) -> int:
     line("hooks live", f"yes ({served} allocations served by the lake)"
          if served else "no: XLA's allocations did not reach the lake "
          "(check the warnings above)")
+    for ordinal in xla.devices():
+        stats = loaded.stats(ordinal) if loaded is not None else None
+        if stats:
+            line(f"lake {ordinal} capacity", _gib(int(stats["capacity"])))
+    if xla.status().reason:
+        line("lake notes", xla.status().reason)
     return 0
 
 

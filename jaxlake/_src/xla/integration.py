@@ -13,6 +13,22 @@ So configure() must run before JAX initialises its backends (the first
 `jax.devices()` or operation); `import jax` alone is fine. The environment
 (`JAXLAKE=1`, `JAXLAKE_<OPTION>`, `--jaxlake_<option>` in XLA_FLAGS) takes
 the same path through the start-up hook (jaxlake/_src/xla/startup.py).
+
+configure() does not initialise CUDA: it loads the shim, which loads the
+real driver, and asks only cuDriverGetVersion (which needs no cuInit). The
+devices, their VMM support and the lakes are checked at the first hooked
+call, when JAX has initialised CUDA itself. So a process may still fork
+after configure() exactly as after `import jax`: CUDA is not initialised in
+it until JAX starts (after that, as always with CUDA, a forked child must not
+use CUDA; start children with the "spawn" method).
+
+Capacity: the `capacity` option (bytes, or a fraction of each device's
+memory) when given; else XLA's own memory fraction,
+XLA_PYTHON_CLIENT_MEM_FRACTION when set, else 0.75 (XLA's default): the
+rest of the device stays for cuBLAS/cuDNN workspaces, NCCL, loaded modules
+and the executor's own allocations, which the lake never gives its cached
+memory back to. An explicit lake capacity wins over
+XLA_PYTHON_CLIENT_MEM_FRACTION.
 """
 
 from __future__ import annotations
@@ -23,7 +39,6 @@ import dataclasses
 import json
 import os
 import shlex
-import subprocess
 import sys
 import threading
 import warnings
@@ -48,20 +63,27 @@ FRACTION_ENV = "JAXLAKE_CAPACITY_FRACTION"
 assert all(v in _options.OTHER_VARIABLES for v in (
     REAL_DRIVER_ENV, TRACE_ENV, HOOKS_ENV, REQUIRED_ENV, FRACTION_ENV))
 
+#: XLA's share of device memory, and its default (also the lake's default
+#: capacity, see the module's docstring).
+XLA_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+XLA_DEFAULT_FRACTION = 0.75
+
 ALLOCATOR_ENV = "XLA_PYTHON_CLIENT_ALLOCATOR"
 PREALLOCATE_ENV = "XLA_PYTHON_CLIENT_PREALLOCATE"
 FLAG_PREFIX = "--jaxlake_"
 
-# Where drivers live on the systems we know (searched in order after
-# JAXLAKE_REAL_LIBCUDA); then the linker cache.
+# Where drivers live on the systems we know, searched after the absolute
+# directories of LD_LIBRARY_PATH: the same list, in the same order, as
+# kDriverDirs in cc/shim/loader.cc (tests/test_xla.py compares them).
 DRIVER_DIRS: Tuple[str, ...] = (
     "/usr/lib/x86_64-linux-gnu",
     "/usr/lib64",
+    "/usr/lib",
     "/usr/local/nvidia/lib64",
     "/usr/local/nvidia/lib",
     "/usr/lib/wsl/lib",
+    "/run/opengl-driver/lib",
     "/usr/local/cuda/compat",
-    "/usr/lib",
 )
 
 CUDA_SUCCESS = 0
@@ -83,9 +105,31 @@ def _same_file(a: str, b: str) -> bool:
         return False
 
 
+def driver_candidates(environ: Optional[Mapping[str, str]] = None
+                      ) -> List[str]:
+    """Where the real driver is looked for, in order (JAXLAKE_REAL_LIBCUDA
+    aside): libcuda.so.1 in each absolute directory of LD_LIBRARY_PATH, then
+    in DRIVER_DIRS. The shim's loader searches the same places in the same
+    order, so a forward-compatibility driver put first in LD_LIBRARY_PATH
+    is the one both find."""
+    env = os.environ if environ is None else environ
+    out: List[str] = []
+    dirs = [d for d in env.get("LD_LIBRARY_PATH", "").split(":")
+            if d.startswith("/")] + list(DRIVER_DIRS)
+    for d in dirs:
+        path = os.path.join(d, "libcuda.so.1")
+        if path not in out:
+            out.append(path)
+    return out
+
+
 def find_real_driver(environ: Optional[Mapping[str, str]] = None
                      ) -> Tuple[Optional[str], str]:
-    """The real driver's absolute path, or None and why none was found."""
+    """The real driver's absolute path, or None and why none was found.
+
+    JAXLAKE_REAL_LIBCUDA when set (that file and no other), else the first
+    of driver_candidates() that exists and is not the shim.
+    """
     env = os.environ if environ is None else environ
     shim = shim_path()
     given = env.get(REAL_DRIVER_ENV)
@@ -97,24 +141,13 @@ def find_real_driver(environ: Optional[Mapping[str, str]] = None
             return None, (f"{REAL_DRIVER_ENV} points at jaxlake's own "
                           "libcuda.so.1; it must name the real driver")
         return given, ""
-    candidates = [os.path.join(d, "libcuda.so.1") for d in DRIVER_DIRS]
-    candidates += _ldconfig_paths()
-    for path in candidates:
+    for path in driver_candidates(env):
         if os.path.isfile(path) and not _same_file(path, shim):
-            return os.path.realpath(path), ""
-    return None, ("no CUDA driver found: libcuda.so.1 is in none of "
-                  f"{', '.join(DRIVER_DIRS)} nor in the linker cache "
-                  f"(set {REAL_DRIVER_ENV} to its absolute path)")
-
-
-def _ldconfig_paths() -> List[str]:
-    try:
-        out = subprocess.run(["ldconfig", "-p"], capture_output=True,
-                             text=True, timeout=10, check=False).stdout
-    except (OSError, subprocess.SubprocessError):
-        return []
-    return [line.split("=>", 1)[1].strip() for line in out.splitlines()
-            if "libcuda.so.1" in line and "=>" in line]
+            return path, ""
+    return None, ("no CUDA driver found: libcuda.so.1 is in none of the "
+                  "directories of LD_LIBRARY_PATH nor in "
+                  f"{', '.join(DRIVER_DIRS)} (set {REAL_DRIVER_ENV} to its "
+                  "absolute path)")
 
 
 def loaded_drivers() -> List[str]:
@@ -243,6 +276,8 @@ class _Shim:
                                                  ctypes.c_char_p]
         lib.jaxlake_shim_trace_stop.restype = ctypes.c_longlong
         lib.jaxlake_shim_active.restype = ctypes.c_int
+        lib.jaxlake_shim_disable.restype = None
+        lib.jaxlake_shim_disable.argtypes = [ctypes.c_char_p]
 
     @staticmethod
     def _text(fn: Any, *args: Any) -> Optional[str]:
@@ -290,6 +325,9 @@ class _Shim:
     def trace_stop(self) -> int:
         return int(self.lib.jaxlake_shim_trace_stop())
 
+    def disable(self, reason: str) -> None:
+        self.lib.jaxlake_shim_disable(reason.encode("utf-8", "replace"))
+
     # Forwarded driver calls, for the probe.
     def driver_call(self, name: str, *args: Any) -> int:
         fn = getattr(self.lib, name)
@@ -321,22 +359,29 @@ class Device:
     vmm: bool
 
 
-def probe(shim: _Shim) -> Tuple[int, List[Device], str]:
-    """Driver version, devices and a problem (or "") through the shim's
-    forwarding entry points."""
+def driver_version(shim: _Shim) -> Tuple[int, str]:
+    """The driver's CUDA version and a problem (or ""), through the shim.
+    cuDriverGetVersion needs no cuInit: CUDA stays uninitialised."""
     version = ctypes.c_int(0)
     if shim.driver_call("cuDriverGetVersion", ctypes.byref(version)):
-        return 0, [], "cuDriverGetVersion failed: the driver is unusable"
+        return 0, "cuDriverGetVersion failed: the driver is unusable"
     if version.value < MIN_DRIVER_VERSION:
-        return version.value, [], (
+        return version.value, (
             f"the CUDA driver is too old for virtual memory management "
             f"(version {version.value}, need {MIN_DRIVER_VERSION} or newer)")
+    return version.value, ""
+
+
+def probe_devices(shim: _Shim) -> Tuple[List[Device], str]:
+    """The devices and a problem (or ""), through the shim's forwarding
+    entry points. This initialises CUDA (cuInit): `jaxlake doctor` uses it,
+    configure() does not."""
     rc = shim.driver_call("cuInit", ctypes.c_uint(0))
     if rc != CUDA_SUCCESS:
-        return version.value, [], f"cuInit failed with CUDA error {rc}"
+        return [], f"cuInit failed with CUDA error {rc}"
     count = ctypes.c_int(0)
     if shim.driver_call("cuDeviceGetCount", ctypes.byref(count)):
-        return version.value, [], "cuDeviceGetCount failed"
+        return [], "cuDeviceGetCount failed"
     devices: List[Device] = []
     for i in range(count.value):
         dev = ctypes.c_int(0)
@@ -349,12 +394,51 @@ def probe(shim: _Shim) -> Tuple[int, List[Device], str]:
         shim.driver_call("cuDeviceTotalMem_v2", ctypes.byref(total), dev)
         devices.append(Device(i, total.value, bool(vmm.value)))
     if not devices:
-        return version.value, [], "the driver reports no CUDA device"
+        return [], "the driver reports no CUDA device"
     if not any(d.vmm for d in devices):
-        return version.value, devices, (
+        return devices, (
             "no device supports virtual memory management "
             "(CU_DEVICE_ATTRIBUTE_VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED is 0)")
-    return version.value, devices, ""
+    return devices, ""
+
+
+def capacity_rule(resolved: Mapping[str, Any],
+                  environ: Optional[Mapping[str, str]] = None
+                  ) -> Tuple[Optional[int], float, str]:
+    """(bytes, fraction, where it comes from) of the lake's capacity: the
+    `capacity` option (bytes, or a fraction), else XLA_PYTHON_CLIENT_MEM_
+    FRACTION, else XLA's default 0.75. Exactly one of bytes and fraction is
+    set (the other is None or 0.0). The shim applies the same rule
+    (cc/shim/options.h)."""
+    env = os.environ if environ is None else environ
+    cap = resolved.get("capacity")
+    if isinstance(cap, float):
+        return None, cap, "the capacity option (a fraction)"
+    if cap:
+        return int(cap), 0.0, "the capacity option"
+    given = env.get(XLA_FRACTION_ENV, "").strip()
+    if given:
+        try:
+            fraction = float(given)
+        except ValueError:
+            fraction = -1.0
+        if not 0.0 < fraction <= 1.0:
+            raise ConfigurationError(
+                f"{XLA_FRACTION_ENV}={given!r} is not a decimal fraction in "
+                "(0, 1]")
+        return None, fraction, XLA_FRACTION_ENV
+    return None, XLA_DEFAULT_FRACTION, "XLA's default memory fraction"
+
+
+def effective_capacity(resolved: Mapping[str, Any], total_memory: int,
+                       granularity: int = 2 << 20,
+                       environ: Optional[Mapping[str, str]] = None) -> int:
+    """The capacity a lake on a device of `total_memory` bytes gets."""
+    nbytes, fraction, _ = capacity_rule(resolved, environ)
+    if nbytes is not None:
+        return nbytes
+    share = int(total_memory * fraction)
+    return max(granularity, share // granularity * granularity)
 
 
 # -- configure() ------------------------------------------------------------------
@@ -362,7 +446,14 @@ def probe(shim: _Shim) -> Tuple[int, List[Device], str]:
 
 @dataclasses.dataclass(frozen=True)
 class Status:
-    """What configure() did. True when the lake serves XLA's allocations."""
+    """What configure() did. True when the lake serves XLA's allocations.
+
+    Active means the shim is loaded with its hooks on and the driver is new
+    enough; the devices (and their VMM support) are checked when JAX
+    initialises CUDA, and a device that cannot have a lake then stays with
+    the driver's pool (`jaxlake.status()` and `jaxlake doctor` say why).
+    `devices` is filled only where CUDA was initialised to look (doctor).
+    """
 
     active: bool
     reason: str
@@ -377,8 +468,9 @@ class Status:
 
     def __str__(self) -> str:
         if self.active:
-            return (f"jaxlake: lake active on {len(self.devices)} device(s) "
-                    f"(driver {self.driver})")
+            return (f"jaxlake: lake active (driver {self.driver}, CUDA "
+                    f"{self.driver_version}); devices are checked when JAX "
+                    "starts")
         return f"jaxlake: lake inactive: {self.reason}"
 
 
@@ -399,20 +491,26 @@ def configure(*, required: bool = False, trace: Optional[str] = None,
     initialises its backends (the first `jax.devices()` or operation).
 
     Keyword arguments are lake options (see `jaxlake options`; capacity may
-    be bytes, a size string or a fraction of the device memory); they win
-    over `--jaxlake_<option>` entries in XLA_FLAGS, which win over
-    JAXLAKE_<OPTION> variables. `trace` names a file to write the
-    allocation trace to (JSON lines, docs/traces.md).
+    be bytes, a size string or a fraction of the device memory, and
+    defaults to XLA's memory fraction); they win over `--jaxlake_<option>`
+    entries in XLA_FLAGS, which win over JAXLAKE_<OPTION> variables.
+    `trace` names a file to write the allocation trace to (JSON lines,
+    docs/traces.md).
 
-    Returns a Status: active, or inactive with the reason (no driver, no
-    device with virtual memory management, ...). With required=True an
-    inactive lake raises ConfigurationError instead. Calling it again with
-    the same options returns the same status; with other options it raises.
+    Returns a Status: active, or inactive with the reason (no driver, a
+    driver too old for VMM, ...). An inactive lake changes nothing in the
+    process or its environment. With required=True an inactive lake raises
+    ConfigurationError instead. Calling it again with the same options
+    returns the same status; with other options it raises, and so does a
+    call whose options differ from those of a shim loaded before it (by
+    `jaxlake run` or LD_PRELOAD), which can no longer change.
+    CUDA is not initialised here (see the module's docstring on fork).
     """
     global _configured
     with _lock:
         resolved, trace, required = resolve_settings(
             os.environ, options, trace, required)
+        capacity_rule(resolved)  # a bad XLA_PYTHON_CLIENT_MEM_FRACTION
         key = tuple(sorted(resolved.items())) + (("trace", trace),)
         if _configured is not None:
             if _configured[0] == key:
@@ -429,6 +527,44 @@ def configure(*, required: bool = False, trace: Optional[str] = None,
     return status
 
 
+def _option_mismatches(shim: _Shim, resolved: Mapping[str, Any]
+                       ) -> List[str]:
+    """The options whose value in the loaded shim differs from `resolved`,
+    as 'name: shim has X, asked Y'."""
+    have = shim.status().get("options", {})
+    want = shim_environment(resolved, "", None)
+    out: List[str] = []
+    for name in LAKE_OPTIONS:
+        var = _options._BY_NAME[name].env
+        if name == "capacity":
+            got = (int(have.get("capacity", 0)),
+                   round(float(have.get("capacity_fraction", 0.0)), 6))
+            asked = (0, round(float(want[FRACTION_ENV]), 6)) \
+                if FRACTION_ENV in want else (int(want.get(var, 0)), 0.0)
+            if got[1] and asked[1]:
+                got = (0, got[1])  # with a fraction, the bytes do not count
+            if got != asked:
+                out.append(f"capacity: the shim has {got[0]} bytes / "
+                           f"fraction {got[1]}, asked {asked[0]} bytes / "
+                           f"fraction {asked[1]}")
+            continue
+        value = have.get(name)
+        got_text = _env_value(value) if isinstance(value, (bool, int)) \
+            else str(value)
+        if got_text != want.get(var):
+            out.append(f"{name}: the shim has {got_text}, asked "
+                       f"{want.get(var)}")
+    return out
+
+
+def _restore_environ(saved: Mapping[str, Optional[str]]) -> None:
+    for var, value in saved.items():
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+
+
 def _configure(resolved: Dict[str, Any], trace: Optional[str]) -> Status:
     global _shim
     if jax_backends_initialised():
@@ -438,40 +574,83 @@ def _configure(resolved: Dict[str, Any], trace: Optional[str]) -> Status:
             "before the first jax.devices() or JAX operation (import jax is "
             "fine), or start the program with `jaxlake run` or JAXLAKE=1")
     shim = _already_loaded_shim()
-    if shim is None:
-        real = loaded_drivers()
-        if real:
-            raise ConfigurationError(
-                f"the CUDA driver ({real[0]}) is already loaded in this "
-                "process, so XLA would not see jaxlake's hooks: call "
-                "jaxlake.configure() before anything initialises CUDA, or "
-                "start the program with `jaxlake run`")
+    if shim is not None:
+        return _configure_loaded(shim, resolved, trace)
+    real = loaded_drivers()
+    if real:
+        raise ConfigurationError(
+            f"the CUDA driver ({real[0]}) is already loaded in this "
+            "process, so XLA would not see jaxlake's hooks: call "
+            "jaxlake.configure() before anything initialises CUDA, or "
+            "start the program with `jaxlake run`")
     driver, why = find_real_driver()
-    if driver is None and shim is None:
+    if driver is None:
         return Status(False, why, options=resolved)
-    if not os.path.isfile(shim_path()) and shim is None:
+    if not os.path.isfile(shim_path()):
         return Status(False, f"this build of jaxlake has no CUDA shim "
                       f"({shim_path()} is missing)", driver=driver,
                       options=resolved)
-    _set_allocator_env()
-    if shim is None:
-        os.environ.update(shim_environment(resolved, driver or "", trace))
-        shim = _Shim(shim_path())
-    elif trace:
-        shim.trace_start(os.path.abspath(trace), None)
+    # The shim reads these at its first call: set them first, and take them
+    # back if the lake turns out inactive.
+    # The trace starts once the lake is known to be active (below), so an
+    # inactive one leaves no file behind.
+    env = shim_environment(resolved, driver, None)
+    saved = {var: os.environ.get(var) for var in [*env, FRACTION_ENV]}
+    if FRACTION_ENV not in env:
+        os.environ.pop(FRACTION_ENV, None)  # a parent's, not asked here
+    os.environ.update(env)
+    shim = _Shim(shim_path())
     _shim = shim
-    version, devices, problem = probe(shim)
+    version, problem = driver_version(shim)
+    if not problem and not shim.active:
+        problem = shim.reason() or "the shim is inactive"
+    if problem:
+        # Loaded, it stays (a library cannot be taken out safely); disabled,
+        # it forwards every call, and nothing is left in the environment.
+        shim.disable(problem)
+        _restore_environ(saved)
+        return Status(False, problem, driver=driver, shim=shim.path,
+                      driver_version=version, options=resolved)
+    if trace:
+        rc = shim.trace_start(os.path.abspath(trace), None)
+        if rc != 0:
+            shim.disable(f"cannot write the trace to {trace}")
+            _restore_environ(saved)
+            raise OSError(-rc, f"cannot write the trace to {trace}")
+    _set_allocator_env()
+    return Status(True, "", driver=driver, shim=shim.path,
+                  driver_version=version, options=resolved)
+
+
+def _configure_loaded(shim: _Shim, resolved: Dict[str, Any],
+                      trace: Optional[str]) -> Status:
+    """configure() where the shim was loaded before it (`jaxlake run`,
+    LD_PRELOAD): its options are fixed, so asking for others raises."""
+    global _shim
+    _shim = shim
+    status = shim.status()
+    driver = status.get("real_libcuda") or None
+    mismatches = _option_mismatches(shim, resolved)
+    if mismatches:
+        raise ConfigurationError(
+            "jaxlake's shim was loaded before configure() (by `jaxlake run` "
+            "or LD_PRELOAD) and read its options then; they cannot change "
+            "now: " + "; ".join(mismatches) + ". Give the options to the "
+            "command instead (JAXLAKE_<OPTION> variables or --jaxlake_<option>"
+            " entries in XLA_FLAGS)")
+    version, problem = driver_version(shim)
+    if not problem and not shim.active:
+        problem = shim.reason() or "the shim is inactive"
     if problem:
         return Status(False, problem, driver=driver, shim=shim.path,
-                      driver_version=version, devices=tuple(devices),
-                      options=resolved)
-    if not shim.active:
-        return Status(False, shim.reason() or "the shim is inactive",
-                      driver=driver, shim=shim.path, driver_version=version,
-                      devices=tuple(devices), options=resolved)
+                      driver_version=version, options=resolved)
+    if trace:
+        rc = shim.trace_start(os.path.abspath(trace), None)
+        if rc != 0:
+            raise OSError(-rc, f"cannot write the trace to {trace}")
+    _set_allocator_env()
     return Status(True, "", driver=driver, shim=shim.path,
-                  driver_version=version, devices=tuple(devices),
-                  options=resolved)
+                  driver_version=version, options=resolved)
 
 
 def truthy(value: Optional[str]) -> bool:
@@ -488,11 +667,11 @@ def shim_environment(resolved: Mapping[str, Any], driver: str,
     for name, value in resolved.items():
         var = _options._BY_NAME[name].env
         if name == "capacity" and isinstance(value, float):
+            # The shim reads the fraction (and then ignores JAXLAKE_CAPACITY,
+            # which stays readable for a child's own configure()).
             env[FRACTION_ENV] = repr(value)
-            env[var] = "0"
-        elif value is None:
-            env[var] = "0"
-        else:
+            env[var] = repr(value)
+        elif value is not None:  # capacity None: XLA's memory fraction
             env[var] = _env_value(value)
     if trace:
         env[TRACE_ENV] = os.path.abspath(trace)
@@ -529,9 +708,15 @@ def _loaded_shim() -> Optional[_Shim]:
 
 
 def status() -> Status:
-    """The lake's status in this process (configured or not)."""
+    """The lake's status in this process (configured or not). The reason
+    of an active one names what the shim found since: a device that could
+    not have a lake (no VMM support, ...) and stays with the driver."""
     if _configured is not None:
-        return _configured[1]
+        configured = _configured[1]
+        shim = _loaded_shim()
+        if configured.active and shim is not None and shim.reason():
+            return dataclasses.replace(configured, reason=shim.reason())
+        return configured
     shim = _loaded_shim()
     if shim is None:
         return Status(False, "jaxlake.configure() was not called and the "
