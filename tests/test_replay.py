@@ -518,3 +518,16 @@ def test_bench_and_replay_report_driver_time(
     code, _ = _cli(["replay", str(folder / "steps.jsonl"), "--latency", bad])
     assert code == 1
     assert "unknown call kind 'maps'" in capsys.readouterr().err
+
+
+def test_reads_the_gpu_checks_latency_sample() -> None:
+    """The file benchmarks/gpu/latency.py writes (a checked-in sample over
+    the fake driver) is what --latency reads."""
+    sample = (pathlib.Path(__file__).resolve().parents[1] / "benchmarks" /
+              "gpu" / "latency-sample-fake.json")
+    lat = replay.Latency.load(str(sample))
+    assert {"create", "map", "set_access", "unmap", "release"} <= set(
+        lat.calls)
+    model = lat.model()
+    first = lat.calls["map"][0]
+    assert model.us("map", first[0]) == pytest.approx(first[1])
