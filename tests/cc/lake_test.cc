@@ -2,6 +2,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <random>
@@ -450,6 +451,62 @@ TEST(stitching_takes_only_wholly_free_chunks) {
   Fill(f, kMiB, 6);
   CHECK(Holds(e, 8 * kMiB, 5));
   for (auto p : {a, c, e, f}) CHECK(lake.free(p, 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+// A sim driver that runs a callback inside its nth map call, while the
+// lake has released its lock: a deterministic interleaving.
+class MapHookDriver : public jaxlake::vmm::SimDriver {
+ public:
+  using SimDriver::SimDriver;
+  int hook_at = 0;  // the map call (1 = the first) that runs on_map
+  std::function<void()> on_map;
+
+ protected:
+  Status do_map(std::uintptr_t va, std::size_t size, std::size_t offset,
+                jaxlake::vmm::Handle handle) override {
+    if (++maps_ == hook_at && on_map) {
+      auto f = std::move(on_map);
+      f();
+    }
+    return SimDriver::do_map(va, size, offset, handle);
+  }
+
+ private:
+  int maps_ = 0;
+};
+
+// While a tail-led stitch maps its pieces (lock released), other threads
+// allocate from the free units of the chunks it maps and free the block
+// beside its lead: nothing overlaps and every invariant holds.
+TEST(tail_led_stitch_shares_its_chunks_while_mapping) {
+  MapHookDriver drv(Small());
+  Lake lake(drv, LakeOptions{});
+  const std::size_t n = 2 * kMiB + kMiB / 4;
+  auto a = Alloc(lake, n);  // map 1: a segment of 2 chunks, 1.75 MiB free
+  std::uintptr_t c = 0;
+  drv.hook_at = 3;  // 2: the shortfall segment; 3: the lead chunk
+  drv.on_map = [&] {
+    CHECK_EQ(lake.check(), std::string());
+    AllocState how{};
+    CHECK(lake.allocate(kMiB, 0, &c, &how) == Status::kOk);
+    CHECK(how == AllocState::split);  // the shortfall segment's free units
+    CHECK(lake.free(a, 0) == Status::kOk);
+    CHECK_EQ(lake.check(), std::string());
+  };
+  AllocState how{};
+  auto b = Alloc(lake, n, &how);
+  CHECK(how == AllocState::stitch_grow);
+  CHECK(c != 0);
+  CHECK(drv.accessible(b, n));
+  CHECK(drv.accessible(c, kMiB));
+  CHECK_EQ(lake.stats().bytes_reserved.current,
+           static_cast<std::int64_t>(6 * kMiB));
+  CHECK_EQ(lake.check(), std::string());
+  // a's units are free again and fit a new request beside b's lead.
+  auto d = Alloc(lake, 2 * kMiB, &how);
+  CHECK(how == AllocState::fit || how == AllocState::split);
+  for (auto p : {b, c, d}) CHECK(lake.free(p, 0) == Status::kOk);
   CHECK_EQ(lake.check(), std::string());
 }
 
