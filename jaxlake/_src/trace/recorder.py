@@ -67,6 +67,7 @@ from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
                     Set, Tuple)
 
 from jaxlake._src.errors import JaxlakeError
+from jaxlake._src.options import format_bytes
 
 #: Bundled GPU target configs, by name (jaxlake/_src/trace/data/NAME.txtpb).
 DEFAULT_TARGET = "h100_sxm"
@@ -122,7 +123,7 @@ def gpu_devices(count: int, target: str = DEFAULT_TARGET) -> List[Any]:
                 "device-less CUDA compilation is not available: "
                 f"{type(e).__name__}: {e}. The recorder needs "
                 "jax-cuda12-plugin and jax-cuda12-pjrt of the same version "
-                "as jaxlib (pip install 'jaxlake[examples]'); no GPU or "
+                "as jaxlib: pip install 'jaxlake[record]'; no GPU or "
                 "driver is needed, but without one JAX_PLATFORMS=cpu (or "
                 "jax.config.update('jax_platforms', 'cpu')) must be set "
                 "before jax starts, or the CUDA plugin fails its driver "
@@ -790,7 +791,7 @@ class Recorder:
         return (f"trace {self.path}: {events} events, {self.launches} "
                 f"launches, {self.compiles} GPU compiles ({self.target}, "
                 f"{self.compile_seconds:.1f}s), "
-                f"peak live {self.peak_bytes / 2**20:.1f} MiB")
+                f"peak live {format_bytes(self.peak_bytes)}")
 
     def close(self) -> None:
         """Ends the trace: allocations still live stay unfreed in it."""
