@@ -155,9 +155,12 @@ def register(commands: Any) -> None:
         "convert", help="convert between JSON lines and RMM's CSV",
         description="Converts a trace; the output format follows OUT's "
                     "name: .csv or .csv.gz is RMM's memory-event CSV, "
-                    "anything else JSON lines (.gz: compressed).")
-    c.add_argument("input", metavar="IN")
-    c.add_argument("output", metavar="OUT")
+                    "anything else JSON lines (.gz: compressed); the suffix in any case.")
+    c.add_argument("input", metavar="IN",
+                   help="the trace to read, or - for standard input")
+    c.add_argument("output", metavar="OUT",
+                   help="the file to write (.csv, .csv.gz, .jsonl, "
+                        ".jsonl.gz, in any case; folders are created)")
     c.add_argument("--lenient", action="store_true",
                    help="skip malformed lines of IN and report them")
     c.set_defaults(func=convert_command)
@@ -396,6 +399,9 @@ def convert_command(args: argparse.Namespace,
         _error("trace convert", "IN and OUT are the same file")
         return EXIT_USAGE
     try:
+        # folders are created, as for --plot and --json
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)),
+                    exist_ok=True)
         trace = tracefile.convert(args.input, args.output,
                                   lenient=args.lenient)
     except tracefile.TraceError as e:

@@ -108,10 +108,49 @@ def target_config(target: str = DEFAULT_TARGET) -> str:
 _TOPOLOGIES: Dict[Tuple[str, int], List[Any]] = {}
 
 
+#: What `pip install 'jaxlake[record]'` brings: the CUDA plugin and PJRT
+#: at jaxlib's version (either CUDA major version serves).
+PLUGINS = (("jax-cuda12-plugin", "jax-cuda12-pjrt"),
+           ("jax-cuda13-plugin", "jax-cuda13-pjrt"))
+
+
+def plugin_problem() -> Optional[str]:
+    """Why device-less CUDA compilation cannot work in this environment
+    (a plugin package missing, or not at jaxlib's version), or None."""
+    from importlib import metadata
+
+    def version(dist: str) -> Optional[str]:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    jaxlib = version("jaxlib")
+    if jaxlib is None:
+        return "jaxlib is not installed"
+    found = [(names, [version(n) for n in names]) for names in PLUGINS]
+    for names, versions in found:
+        if all(v == jaxlib for v in versions):
+            return None
+    for names, versions in found:
+        if any(versions):
+            return ", ".join(f"{n} {v or 'missing'}"
+                             for n, v in zip(names, versions)) + \
+                f" with jaxlib {jaxlib}: they must be jaxlib's version"
+    return "the CUDA plugin (jax-cuda12-plugin, jax-cuda12-pjrt) is not " \
+        "installed"
+
+
 def gpu_devices(count: int, target: str = DEFAULT_TARGET) -> List[Any]:
     """`count` compile-only CUDA devices for `target` (cached)."""
     key = (target, count)
     if key not in _TOPOLOGIES:
+        problem = plugin_problem()
+        if problem is not None:
+            raise RecorderError(
+                f"the recorder compiles for the GPU without one, through "
+                f"JAX's CUDA plugin, and {problem}: pip install "
+                "'jaxlake[record]' (no GPU or NVIDIA library needed)")
         from jax.experimental import topologies
         spec = target_config(target)
         try:
