@@ -188,3 +188,16 @@ def test_recorder_names_the_record_extra(monkeypatch: Any) -> None:
     assert "must be jaxlib's version" in problem
     versions["jax-cuda12-plugin"] = "0.10.2"
     assert recorder.plugin_problem() is None
+
+
+def test_inactive_status_is_one_short_line() -> None:
+    from jaxlake._src.xla import integration as xla
+    reason = ("no CUDA driver found: libcuda.so.1 is in none of /usr/lib, "
+              "/usr/lib64 nor in the linker cache (set JAXLAKE_REAL_LIBCUDA "
+              "to its absolute path)")
+    text = str(xla.Status(False, reason))
+    assert text == ("jaxlake: lake inactive: no CUDA driver found "
+                    "(`jaxlake doctor` says more)")
+    assert xla.Status(False, reason).reason == reason  # the whole of it
+    short = "cuInit failed with CUDA error 100"
+    assert str(xla.Status(False, short)) == f"jaxlake: lake inactive: {short}"

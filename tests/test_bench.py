@@ -430,3 +430,19 @@ def test_attach_values_keeps_program_arguments() -> None:
         ["replay", "t", "--capacity=-1G"]
     assert attach_values(["run", "--", "prog", "--capacity", "-1"]) == \
         ["run", "--", "prog", "--capacity", "-1"]
+
+
+def test_doctor_lists_orbax(tmp_path: pathlib.Path) -> None:
+    import subprocess
+    import sys
+    from importlib import metadata
+    try:
+        version = metadata.version("orbax-checkpoint")
+    except metadata.PackageNotFoundError:
+        pytest.skip("orbax-checkpoint is not installed (the examples extra)")
+    # a fresh process: doctor configures the lake of the process it runs in
+    result = subprocess.run([sys.executable, "-m", "jaxlake", "doctor",
+                             "--no-jax"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert f"orbax-checkpoint:      {version}" in result.stdout
