@@ -195,20 +195,23 @@ def parse_size(text: str) -> int:
     if sign == "-" and number.strip("0.") != "":
         raise ValueError(f"not a size: {text!r} is negative")
     whole, _, frac = number.partition(".")
-    numerator = int(whole or "0") * 10 ** len(frac) + int(frac or "0")
+    numerator = int((whole or "0") + frac)  # the digits without the point
     scale = len(frac) - int(exponent or "0")  # value = numerator / 10**scale
     if scale > 30 or scale < -30:
         raise ValueError(f"not a size: {text!r} is out of range")
     numerator *= _UNITS[unit]
+    power = int(10 ** abs(scale))
     if scale <= 0:
-        total, rest = numerator * 10 ** -scale, 0
+        total, rest = numerator * power, 0
     else:
-        total, rest = divmod(numerator, 10 ** scale)
+        total, rest = divmod(numerator, power)
     if rest:
         raise ValueError(f"not a whole number of bytes: {text!r}")
     if total >= 1 << 64:
         raise ValueError(f"not a size: {text!r} is 2**64 bytes or more")
     return total
+
+
 def format_size(nbytes: int) -> str:
     """A short readable size: 8 MiB, 1.5 GiB, 300 B."""
     value = float(nbytes)
