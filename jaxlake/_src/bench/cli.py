@@ -155,7 +155,8 @@ def register(commands: Any) -> None:
         "convert", help="convert between JSON lines and RMM's CSV",
         description="Converts a trace; the output format follows OUT's "
                     "name: .csv or .csv.gz is RMM's memory-event CSV, "
-                    "anything else JSON lines (.gz: compressed); the suffix in any case.")
+                    "anything else JSON lines (.gz: compressed); the "
+                    "suffix in any case.")
     c.add_argument("input", metavar="IN",
                    help="the trace to read, or - for standard input")
     c.add_argument("output", metavar="OUT",
