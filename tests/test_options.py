@@ -192,7 +192,7 @@ def test_option_docs_and_expectations_are_written() -> None:
         assert option.doc and option.expected
 
 
-# -- Python and the shim agree on sizes ----------------------------------------
+# -- Python and the shim agree on sizes ---------------------------------------
 # parse_size is the one size parser: every path that starts the shim
 # resolves the options in Python and hands the shim plain decimal bytes
 # (see the note in jaxlake/_src/options.py). These tests hold both halves of
