@@ -14,6 +14,10 @@ bool IsStitch(AllocState s) {
   return s == AllocState::stitch || s == AllocState::stitch_grow;
 }
 
+bool ByStitchedRange(AllocState s) {
+  return IsStitch(s) || s == AllocState::stitch_reuse;
+}
+
 }  // namespace
 
 LakeViewResult ReplayLakeView(const Trace& trace, const PolicyOptions& policy,
@@ -78,8 +82,9 @@ LakeViewResult ReplayLakeView(const Trace& trace, const PolicyOptions& policy,
       address[e.slot] = a;
       alloc_event[e.slot] = i;
       valid[e.slot] = 1;
-      if (IsStitch(state)) {
-        const std::uint64_t k = r.stitches++;
+      if (IsStitch(state)) ++r.stitches;
+      if (ByStitchedRange(state)) {
+        const std::uint64_t k = r.stitched_allocs++;
         if (options.stitch_snapshots > 0 && k % stride == 0) {
           stitched.emplace_back(k, take(i, static_cast<std::uint8_t>(
                                               why | kSnapshotStitch)));

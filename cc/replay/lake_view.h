@@ -5,10 +5,11 @@
 // It runs the same lake over the same simulated driver as the "jaxlake"
 // policy of the replay engine (LakePolicySetup), with nothing timed.
 // Snapshots are taken after the events asked for, after allocations served
-// by a stitch (at most `stitch_snapshots` of them, spread evenly over the
-// run: once the budget is full every other one is dropped and only every
-// second later stitch is kept), and after an allocation that failed for
-// lack of memory (the replay stops there).
+// by a stitched range (stitch, stitch_grow or stitch_reuse; at most
+// `stitch_snapshots` of them, spread evenly over the run: once the budget
+// is full every other one is dropped and only every second later one is
+// kept), and after an allocation that failed for lack of memory (the
+// replay stops there).
 #ifndef JAXLAKE_REPLAY_LAKE_VIEW_H_
 #define JAXLAKE_REPLAY_LAKE_VIEW_H_
 
@@ -29,7 +30,8 @@ struct LakeViewOptions {
   // Trace event indices to snapshot after (any order; other devices'
   // events and indices past the end are ignored).
   std::vector<std::uint64_t> snapshot_events;
-  // Most snapshots taken after stitches (0: none).
+  // Most snapshots taken after allocations served by a stitched range
+  // (0: none).
   std::size_t stitch_snapshots = 0;
 };
 
@@ -56,6 +58,7 @@ struct LakeViewResult {
   std::vector<std::uint8_t> served;  // one per trace event
   std::vector<LakeViewSnapshot> snapshots;  // in event order
   std::uint64_t stitches = 0;  // allocations served by stitch or stitch_grow
+  std::uint64_t stitched_allocs = 0;  // ... or by stitch_reuse
   bool oom = false;
   std::uint64_t oom_event = 0;
   std::string error;  // invalid options, or a driver failure
