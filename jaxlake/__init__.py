@@ -29,6 +29,7 @@ from jaxlake._src.xla.integration import memory_report
 from jaxlake._src.xla.integration import stats
 from jaxlake._src.xla.integration import status
 from jaxlake._src.xla.integration import trace
+from jaxlake._src.view.api import view
 
 __version__: str = _metadata.version("jaxlake")
 
@@ -57,4 +58,5 @@ __all__ = [
     "stats",
     "status",
     "trace",
+    "view",
 ]

@@ -1,4 +1,8 @@
-"""jaxlake.view(): the page from a trace file or an in-memory recording."""
+"""jaxlake.view(): the page from a trace file or an in-memory recording.
+
+`import jaxlake` imports this module, so the rest of the view (numpy,
+plotly, the replays) is imported only when a page is written.
+"""
 
 from __future__ import annotations
 
@@ -6,12 +10,13 @@ import gzip
 import json
 import os
 import zlib
-from typing import Any, Dict, Optional, Sequence, Union
+from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Union
 
-from jaxlake._src.bench.replay import Capacity, check_policies
 from jaxlake._src.trace import tracefile
-from jaxlake._src.trace.tracefile import Trace
-from jaxlake._src.view import model, page
+
+if TYPE_CHECKING:  # pragma: no cover
+    from jaxlake._src.bench.replay import Capacity
+    from jaxlake._src.trace.tracefile import Trace
 
 PathLike = Union[str, "os.PathLike[str]"]
 
@@ -43,7 +48,7 @@ def _read_open(path: str) -> bytes:
     return _complete_lines(raw)
 
 
-def _from_recorder(rec: Any, lenient: bool) -> Trace:
+def _from_recorder(rec: Any, lenient: bool) -> "Trace":
     writer = getattr(rec, "_writer", None)
     path = str(rec.path)
     if writer is None:  # closed: the file is complete
@@ -70,7 +75,7 @@ def _from_recorder(rec: Any, lenient: bool) -> Trace:
     return tracefile.parse_trace(data, path, lenient=lenient)
 
 
-def _from_lake(lake: Any) -> Trace:
+def _from_lake(lake: Any) -> "Trace":
     events = lake.trace()
     if not events and not lake.options.get("record_trace", False):
         raise ValueError("this Lake records no trace: create it with "
@@ -105,11 +110,11 @@ def _trace_context_path(obj: Any) -> Optional[str]:
     return os.fspath(path) if path is not None else None
 
 
-def load(source: Any, lenient: bool = False) -> Trace:
+def load(source: Any, lenient: bool = False) -> "Trace":
     """A parsed trace from what view() accepts."""
     from jaxlake._src.core.lake import Lake
     from jaxlake._src.trace.recorder import Recorder
-    if isinstance(source, Trace):
+    if isinstance(source, tracefile.Trace):
         return source
     if isinstance(source, (str, os.PathLike)):
         return tracefile.read_trace(source, lenient=lenient)
@@ -133,8 +138,11 @@ def load(source: Any, lenient: bool = False) -> Trace:
         f"or a parsed trace; got {type(source).__name__}")
 
 
-def _default_output(trace: Trace) -> str:
-    return f"{trace.name}.html"
+def default_output(trace: "Trace") -> str:
+    """"<trace name>.html" in the current folder."""
+    name = "".join(c if c.isalnum() or c in "-_." else "_"
+                   for c in trace.name).strip(".") or "trace"
+    return f"{name}.html"
 
 
 def check_output(output: PathLike) -> str:
@@ -153,9 +161,9 @@ def check_output(output: PathLike) -> str:
 
 def view(source: Any, output: Optional[PathLike] = None, *,
          policies: Optional[Sequence[str]] = None,
-         capacity: Union[Capacity, int, str, None] = None,
+         capacity: Union["Capacity", int, str, None] = None,
          device: Optional[int] = None, lenient: bool = False,
-         snapshots: int = model.SNAPSHOTS,
+         snapshots: Optional[int] = None,
          options: Optional[Dict[str, Any]] = None) -> str:
     """Writes the memory view of a run as one self-contained HTML page and
     returns its path.
@@ -171,8 +179,9 @@ def view(source: Any, output: Optional[PathLike] = None, *,
     `policies`: the policies to compare (default: all). `capacity`: device
     memory, as for `jaxlake replay` ("16GiB", "1.1x"). `device`: only that
     device (default: every device, with a selector). `snapshots`: how many
-    evenly spread events the memory map can show (stitches, the peak of
-    live bytes and an out-of-memory stop come on top).
+    evenly spread events the memory map can show (default 200; stitches,
+    the peak of live bytes and an out-of-memory stop come on top).
+    `options`: fields of the replay's PolicyOptions, as for replay().
 
     The page holds plotly.js and the data; nothing is fetched when it is
     opened. Long traces are downsampled so the page stays under about
@@ -180,8 +189,12 @@ def view(source: Any, output: Optional[PathLike] = None, *,
     (with its line number), PolicyError for an unknown policy,
     FileNotFoundError when the output's folder is missing.
     """
+    from jaxlake._src.bench.replay import Capacity, check_policies
+    from jaxlake._src.view import model, page
     if output is not None:
         check_output(output)
+    if snapshots is None:
+        snapshots = model.SNAPSHOTS
     names = check_policies(list(policies)) if policies else None
     cap = capacity if isinstance(capacity, Capacity) or capacity is None \
         else Capacity.parse(capacity)
@@ -200,7 +213,7 @@ def view(source: Any, output: Optional[PathLike] = None, *,
     data = model.build(trace, settings)
     text = page.render(data, _version())
     path = check_output(output if output is not None
-                        else _default_output(trace))
+                        else default_output(trace))
     with open(path, "w", encoding="utf-8") as f:
         f.write(text)
     return path
