@@ -37,6 +37,9 @@ ROOT = Path(__file__).resolve().parent.parent
 BUCKETS = ROOT / "benchmarks" / "traces" / "lm-small-buckets.jsonl.gz"
 PER_TENSOR = ROOT / "benchmarks" / "traces" / "lm-small-per-tensor.jsonl.gz"
 STATES = list(_core.alloc_state_names())
+#: Where to keep the screenshots (read at import: the tests run with no
+#: JAXLAKE_* variable set).
+SHOTS = os.environ.get("JAXLAKE_VIEW_SHOTS")
 FREE, LIVE, LENT, SLAB = 0, 1, 2, 3
 
 pytest.importorskip("plotly", reason="jaxlake view needs plotly "
@@ -496,8 +499,7 @@ class Page:
                            ".toDataURL()"))
 
     def shot(self, tmp_path: Path, name: str) -> Path:
-        keep = os.environ.get("JAXLAKE_VIEW_SHOTS")
-        folder = Path(keep) if keep else tmp_path
+        folder = Path(SHOTS) if SHOTS else tmp_path
         folder.mkdir(parents=True, exist_ok=True)
         out = folder / name
         self.page.screenshot(path=str(out), full_page=True)
@@ -554,7 +556,7 @@ def test_page_in_the_browser(browser: Any, tmp_path: Path) -> None:
     box = p.page.locator("#map-canvas").bounding_box()
     cx, cy = p.js("(() => { const g = window.jaxlakeView.state.layout"
                   ".geometry; const r = g.rows[0]; return [r.x + g.cell / 2,"
-                  " r.y + g.cell / 2]; })()")
+                  " r.y + g.ch / 2]; })()")
     p.page.mouse.move(box["x"] + cx, box["y"] + cy)
     assert p.js("document.getElementById('tooltip').hidden") is False
     assert "segment" in p.js("document.getElementById('tooltip').innerText")
@@ -617,8 +619,8 @@ def test_large_page_in_the_browser(browser: Any, tmp_path: Path,
     p = Page(browser, big_page, height=1400)
     notes = p.js("document.getElementById('notes').innerText")
     assert "1,000,000 events" in notes and "bands: the" in notes
+    p.shot(tmp_path, "view-1m-events.png")
     before = p.map_pixels()
     p.js("window.jaxlakeView.setSnapshot(0)")
     assert p.map_pixels() != before
-    p.shot(tmp_path, "view-1m-events.png")
     p.close()

@@ -154,25 +154,23 @@
         });
       }
     });
+    // Few stitches: marks on the lake's line. Many: a lane of ticks above
+    // the chart, so they do not hide the line.
     var many = tl.stitches.x.length + tl.reuses.x.length > 60;
-    if (tl.reuses.x.length) {
+    [[tl.reuses, "jaxlake stitch reuse", "circle-open", 0],
+     [tl.stitches, "jaxlake stitch", "diamond", 1]].forEach(function (m) {
+      var marks = m[0];
+      if (!marks.x.length) return;
       traces.push({
-        type: "scatter", mode: "markers", name: "jaxlake stitch reuse",
-        x: tl.reuses.x, y: tl.reuses.y, text: tl.reuses.text,
-        marker: { symbol: "circle-open", size: many ? 5 : 8, color: STITCH_COLOR,
-                  opacity: many ? 0.6 : 1 },
-        hovertemplate: "%{text}<extra>reuse</extra>"
+        type: "scatter", mode: "markers", name: m[1] + (many ? " (" + marks.total.toLocaleString() + ")" : ""),
+        x: marks.x, y: many ? marks.x.map(function () { return m[3]; }) : marks.y,
+        yaxis: many ? "y2" : "y", text: marks.text,
+        marker: many ? { symbol: "line-ns-open", size: 10, color: STITCH_COLOR, opacity: 0.6 }
+                     : { symbol: m[2], size: m[3] ? 10 : 8, color: STITCH_COLOR,
+                         line: { color: m[3] ? "#fff" : STITCH_COLOR, width: 1 } },
+        hovertemplate: "%{text}<extra></extra>"
       });
-    }
-    if (tl.stitches.x.length) {
-      traces.push({
-        type: "scatter", mode: "markers", name: "jaxlake stitch",
-        x: tl.stitches.x, y: tl.stitches.y, text: tl.stitches.text,
-        marker: { symbol: "diamond", size: many ? 6 : 10, color: STITCH_COLOR,
-                  opacity: many ? 0.75 : 1, line: { color: "#fff", width: many ? 0 : 1 } },
-        hovertemplate: "%{text}<extra>stitch</extra>"
-      });
-    }
+    });
     var shapes = [];
     if (d.capacity !== null) {
       shapes.push({ type: "line", xref: "paper", x0: 0, x1: 1, y0: d.capacity, y1: d.capacity,
@@ -188,6 +186,12 @@
       yaxis: { title: { text: unit }, rangemode: "tozero" },
       shapes: shapes
     };
+    if (many) {
+      layout.yaxis.domain = [0, 0.86];
+      layout.yaxis2 = { domain: [0.89, 1], range: [-0.6, 1.6], fixedrange: true,
+                        tickvals: [0, 1], ticktext: ["reuse", "stitch"], showgrid: false,
+                        zeroline: false };
+    }
     if (d.capacity !== null) {
       layout.annotations = [{ xref: "paper", x: 1, y: d.capacity, xanchor: "right", yanchor: "bottom",
                               text: "capacity", showarrow: false, font: { color: "#d00", size: 11 } }];
@@ -278,10 +282,12 @@
     return g;
   }
 
+  // Narrow cells stay at least 9 pixels tall, so their colour shows.
   function flow(snap, cell, areaW, x0, labelH, lineGap, segGap) {
     var gap = cell >= 5 ? 1 : 0, pitch = cell + gap;
+    var ch = Math.max(cell, 9), pitchY = ch + 1;
     var cols = Math.max(1, Math.floor(areaW / pitch));
-    var lineH = labelH + cell + lineGap;
+    var lineH = labelH + ch + lineGap;
     var x = x0, y = 6, placed = [], segIndex = {};
     snap.segs.forEach(function (s) {
       var n = s[1], w = n * pitch - gap, p;
@@ -293,19 +299,19 @@
         if (x > x0) { x = x0; y += lineH; }
         var lines = Math.ceil(n / cols);
         p = { seg: s, x: x0, y: y + labelH, perLine: cols, lines: lines, w: cols * pitch - gap };
-        y += labelH + lines * pitch + lineGap;
+        y += labelH + lines * pitchY + lineGap;
         x = x0;
       }
       placed.push(p);
       segIndex[s[0]] = p;
     });
     var height = (x > x0 ? y + lineH : y) + 6;
-    return { cell: cell, gap: gap, pitch: pitch, cols: cols, rows: placed,
-             segIndex: segIndex, height: height, labelH: labelH };
+    return { cell: cell, ch: ch, gap: gap, pitch: pitch, pitchY: pitchY, cols: cols,
+             rows: placed, segIndex: segIndex, height: height, labelH: labelH };
   }
 
   function chunkXY(g, p, c) {
-    return [p.x + (c % p.perLine) * g.pitch, p.y + Math.floor(c / p.perLine) * g.pitch];
+    return [p.x + (c % p.perLine) * g.pitch, p.y + Math.floor(c / p.perLine) * g.pitchY];
   }
 
   // Rectangles covering chunks [start, start+n) of a segment (one per line).
@@ -315,7 +321,7 @@
       var lineEnd = (Math.floor(c / p.perLine) + 1) * p.perLine;
       var stop = Math.min(end, lineEnd);
       var xy = chunkXY(g, p, c);
-      out.push([xy[0], xy[1], (stop - c) * g.pitch - g.gap, g.cell]);
+      out.push([xy[0], xy[1], (stop - c) * g.pitch - g.gap, g.ch]);
       c = stop;
     }
     return out;
@@ -361,7 +367,7 @@
       if (lw <= r.w + 10) ctx.fillText(label, r.x, r.y - g.labelH + 1);
       // The segment's outline: where one physical handle ends.
       ctx.strokeStyle = "#9a9a9a";
-      ctx.lineWidth = 1;
+      ctx.lineWidth = g.cell >= 5 ? 1 : 0.6;
       chunkRects(g, r, 0, s[1]).forEach(function (rc) {
         ctx.strokeRect(rc[0] - 1.5, rc[1] - 1.5, rc[2] + 3, rc[3] + 3);
       });
@@ -409,15 +415,19 @@
           var x0 = prev[0] + prev[2], y0 = prev[1] + prev[3] / 2;
           var x1 = a[0], y1 = a[1] + a[3] / 2;
           var bend = Math.max(24, Math.abs(y1 - y0) * 0.35);
+          ctx.save();
+          ctx.lineWidth = live ? 1.3 : 1;
+          ctx.globalAlpha = live ? 0.8 : 0.6;
           ctx.beginPath();
           ctx.moveTo(x0, y0);
           ctx.bezierCurveTo(x0 + bend, y0, x1 - bend, y1, x1, y1);
           ctx.stroke();
+          ctx.restore();
         }
         prev = z;
       });
       ctx.setLineDash([]);
-      if (first && g.cell >= 9) {
+      if (first && g.ch >= 9) {
         ctx.font = "bold 10px sans-serif";
         var name = "S" + st[0];
         if (ctx.measureText(name).width + 4 <= first[2]) {
@@ -522,9 +532,9 @@
     var g = L.geometry, snap = L.snap, hit = null;
     for (var i = 0; i < g.rows.length && !hit; i++) {
       var r = g.rows[i];
-      var col = Math.floor((x - r.x) / g.pitch), line = Math.floor((y - r.y) / g.pitch);
+      var col = Math.floor((x - r.x) / g.pitch), line = Math.floor((y - r.y) / g.pitchY);
       if (col < 0 || col >= r.perLine || line < 0 || line >= r.lines) continue;
-      if (y - r.y - line * g.pitch > g.cell) continue;
+      if (y - r.y - line * g.pitchY > g.ch) continue;
       var c = line * r.perLine + col;
       if (c < r.seg[1]) hit = { seg: r.seg, chunk: c };
     }
