@@ -147,8 +147,9 @@ def _describe(cols: Columns, i: int, pair: np.ndarray) -> str:
     where = f"line {int(cols.line[i])}, stream {int(cols.stream[i])}"
     if cols.alloc[i]:
         kind = KIND_NAMES[int(cols.kind[i])]
-        return f"alloc {size} {kind} ({where})"
-    return f"free {size} allocated at event {int(pair[i])} ({where})"
+        return f"event {i}: alloc {size} {kind} ({where})"
+    return (f"event {i}: free {size} allocated at event {int(pair[i])} "
+            f"({where})")
 
 
 def _pairs(cols: Columns) -> np.ndarray:
@@ -198,7 +199,7 @@ def _timeline(cols: Columns, dev: int, pair: np.ndarray,
     if bucket == 1:
         hover = [_describe(cols, int(i), pair) for i in idx]
     else:
-        last = np.concatenate((first[1:], [len(idx)])) - 1 if len(idx) else []
+        last = np.concatenate((first[1:], [len(idx)])) - 1
         hover = [f"events {int(idx[a])}-{int(idx[b])}: the most of "
                  f"{int(b - a + 1)} events" for a, b in zip(first, last)]
     series = []

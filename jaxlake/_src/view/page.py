@@ -27,7 +27,7 @@ class MissingPlotlyError(JaxlakeError, ImportError):
 def plotly_js() -> str:
     """plotly.js, minified, from the installed plotly package."""
     try:
-        from plotly.offline import get_plotlyjs
+        from plotly.offline import get_plotlyjs  # type: ignore[import-untyped]
     except ImportError:
         raise MissingPlotlyError(
             "jaxlake view needs plotly (its plotly.js is embedded in the "

@@ -182,7 +182,7 @@
       height: 360, margin: { l: 70, r: 20, t: 10, b: 40 },
       hovermode: "x unified", showlegend: true,
       legend: { orientation: "h", y: 1.02, yanchor: "bottom", x: 0 },
-      xaxis: { title: { text: "event" }, hoverformat: ",d", rangeslider: { visible: false } },
+      xaxis: { title: { text: "event" }, hoverformat: ",d", range: fullRange() },
       yaxis: { title: { text: unit }, rangemode: "tozero" },
       shapes: shapes
     };
@@ -201,6 +201,12 @@
 
   // -- bands -----------------------------------------------------------------
 
+  // The x range both charts show when not zoomed: the device's events.
+  function fullRange() {
+    var d = dev();
+    return [d.timeline.x.length ? d.timeline.x[0] : 0, d.bands.end];
+  }
+
   function renderBands() {
     var d = dev(), b = d.bands, unit = d.unit;
     var traces = b.kinds.map(function (k) {
@@ -216,7 +222,7 @@
       height: 380, margin: { l: 70, r: 20, t: 10, b: 40 }, barmode: "overlay",
       hovermode: "closest", bargap: 0,
       legend: { orientation: "h", y: 1.02, yanchor: "bottom", x: 0 },
-      xaxis: { title: { text: "event" }, range: [0, b.end] },
+      xaxis: { title: { text: "event" }, range: fullRange() },
       yaxis: { title: { text: "stacked live " + unit }, rangemode: "tozero" },
       shapes: ev !== null ? [markerShape(ev)] : []
     };
@@ -237,7 +243,7 @@
       } else if (ev["xaxis.range"]) {
         upd = { "xaxis.range": ev["xaxis.range"] };
       } else if (ev["xaxis.autorange"]) {
-        upd = to === "bands" ? { "xaxis.range": [0, dev().bands.end] } : { "xaxis.autorange": true };
+        upd = { "xaxis.range": fullRange() };
       }
       if (!upd) return;
       state.syncing = true;
