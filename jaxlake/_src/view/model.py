@@ -573,6 +573,8 @@ def _device(trace: Trace, cols: Columns, pair: np.ndarray, dev: int,
     snaps = _snapshots(cols, pair, served, lake["snapshots"], live_after,
                        streams)
     notes = []
+    if dev_events == 0:
+        notes.append(f"device {dev} has no events in this trace")
     if bands["note"]:
         notes.append(bands["note"])
     # The size guard: drop evenly spread snapshots (keeping stitches, the

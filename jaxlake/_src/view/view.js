@@ -649,9 +649,10 @@
     renderNotes();
     renderMapLegend();
     var d = dev();
-    $("served").textContent = "jaxlake served " + Object.keys(d.served).filter(function (k) {
-      return d.served[k] > 0;
-    }).map(function (k) { return d.served[k].toLocaleString() + " " + k; }).join(", ") + ".";
+    var served = Object.keys(d.served).filter(function (k) { return d.served[k] > 0; });
+    $("served").textContent = served.length ? "jaxlake served " + served.map(function (k) {
+      return d.served[k].toLocaleString() + " " + k;
+    }).join(", ") + "." : "";
     renderSelector();
     renderTimeline();
     renderBands();
