@@ -484,6 +484,17 @@
       tab.appendChild(tr);
     });
     box.appendChild(tab);
+    // The allocation of this very event, when a stitched range serves it.
+    snap.stitched.forEach(function (st) {
+      if (st[5] !== snap.event || st[2] === 0) return;
+      var how = el("div", { "class": "insight" });
+      var parts = st[4].map(function (p) { return fmtBytes(p[2] * snap.gran) + " of seg " + p[0]; });
+      var verb = snap.why.indexOf("stitch-reuse") >= 0 ? "reusing stitched range S" : "stitched range S";
+      how.textContent = "This event's allocation (" + fmtBytes(st[2] * snap.gran) + ") is served by " + verb +
+        st[0] + ", which maps " + st[4].length + " piece(s): " + parts.join(" + ") + "." +
+        (snap.why.indexOf("stitch-grow") >= 0 ? " The last piece is a new segment holding only the shortfall." : "");
+      box.appendChild(how);
+    });
     var insight = el("div", { "class": "insight" });
     if (snap.free > snap.largest) {
       insight.textContent = "Fragmented: " + fmtBytes(snap.free) + " is free but the largest contiguous run is " +
