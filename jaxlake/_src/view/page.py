@@ -82,8 +82,9 @@ TEMPLATE = """<!DOCTYPE html>
 <section id="timeline-section">
   <h2>Timeline</h2>
   <p class="sub">Live bytes (grey) and each policy's reserved bytes; the gap is memory held but not used.
-  Diamonds: allocations jaxlake served by stitching. Drag to zoom, double-click to reset,
-  click to show the lake's memory map at that event.</p>
+  Diamonds: allocations jaxlake served by stitching; circles: by reusing a stitched range (on long
+  traces, ticks in a lane above the chart). Drag to zoom, double-click to reset, click to show the
+  lake's memory map at that event.</p>
   <div id="timeline" class="chart"></div>
 </section>
 
