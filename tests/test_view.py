@@ -87,7 +87,7 @@ def _lake_view(trace: tracefile.Trace, asked: List[int],
                                 asked, stitch_snapshots))
 
 
-# -- the lake's snapshots -------------------------------------------------------
+# -- the lake's snapshots -----------------------------------------------------
 
 
 def test_snapshot_shows_a_stitch_over_the_chunks_it_borrows(
@@ -212,7 +212,7 @@ def test_snapshot_at_out_of_memory(tmp_path: Path) -> None:
     assert list(r["served"])[2] == 255
 
 
-# -- the page's data --------------------------------------------------------------
+# -- the page's data ----------------------------------------------------------
 
 
 def test_view_writes_one_offline_page(tmp_path: Path) -> None:
@@ -309,7 +309,7 @@ def big_page(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return Path(jaxlake.view(path, folder / "eager-1m.html"))
 
 
-# -- sources ------------------------------------------------------------------------
+# -- sources ------------------------------------------------------------------
 
 
 def test_view_takes_a_lake_recording(tmp_path: Path) -> None:
@@ -367,7 +367,7 @@ def test_view_takes_a_recorder_open_or_closed(tmp_path: Path) -> None:
     assert closed["trace"]["events"] >= open_data["trace"]["events"]
 
 
-# -- bad input --------------------------------------------------------------------
+# -- bad input ----------------------------------------------------------------
 
 
 def _bad(tmp_path: Path) -> Path:
@@ -437,7 +437,7 @@ def test_missing_plotly_is_named(monkeypatch: pytest.MonkeyPatch,
         jaxlake.view(BUCKETS, tmp_path / "v.html")
 
 
-# -- in a real browser ------------------------------------------------------------
+# -- in a real browser --------------------------------------------------------
 
 
 def _chromium() -> str:

@@ -275,7 +275,8 @@ nb::dict Layout(const LakeViewSnapshot& s) {
                                 sl.base, sl.bytes, sl.used, sl.stream));
   d["slabs"] = slabs;
   nb::list live;
-  for (const auto& [addr, event] : s.live) live.append(nb::make_tuple(addr, event));
+  for (const auto& [addr, event] : s.live)
+    live.append(nb::make_tuple(addr, event));
   d["live"] = live;
   return d;
 }

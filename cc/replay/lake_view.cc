@@ -69,7 +69,8 @@ LakeViewResult ReplayLakeView(const Trace& trace, const PolicyOptions& policy,
       if (s == vmm::Status::kOutOfMemory) {
         r.oom = true;
         r.oom_event = i;
-        regular.push_back(take(i, static_cast<std::uint8_t>(why | kSnapshotOom)));
+        regular.push_back(
+            take(i, static_cast<std::uint8_t>(why | kSnapshotOom)));
         break;
       }
       if (s != vmm::Status::kOk) {
