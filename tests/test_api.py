@@ -41,6 +41,7 @@ def test_public_names_are_pinned() -> None:
         "stats",
         "status",
         "trace",
+        "view",
     ]
     for name in jaxlake.__all__:
         assert hasattr(jaxlake, name), name

@@ -1376,4 +1376,66 @@ std::size_t Lake::granularity() const { return impl_->gran; }
 std::size_t Lake::capacity() const { return impl_->capacity; }
 vmm::Driver& Lake::driver() const { return impl_->drv; }
 
+
+LakeSnapshot Lake::snapshot() const {
+  const Impl& m = *impl_;
+  std::lock_guard<std::mutex> lk(m.mu);
+  LakeSnapshot out;
+  out.granularity = m.gran;
+  out.capacity = m.capacity;
+  for (const auto& [id, seg] : m.segs) {
+    SnapshotSegment s;
+    s.id = id;
+    s.va = seg.va;
+    s.nchunks = seg.nchunks;
+    for (const auto& [start, b] : seg.blocks) {
+      SnapshotRun r;
+      r.start = start;
+      r.end = b.end;
+      r.owner = b.owner;
+      switch (b.state) {
+        case BlockState::kFree:
+          r.state = ChunkState::kFree;
+          r.pending = !m.Safe(b.tag);
+          out.free_chunks += b.end - start;
+          out.largest_free = std::max<std::size_t>(out.largest_free,
+                                                   b.end - start);
+          break;
+        case BlockState::kLive:
+          r.state = ChunkState::kLive;
+          r.address = seg.va + std::size_t{start} * m.gran;
+          break;
+        case BlockState::kLent:
+          r.state = ChunkState::kLent;
+          break;
+        case BlockState::kSlab:
+          r.state = ChunkState::kSlab;
+          break;
+      }
+      s.runs.push_back(r);
+    }
+    out.segments.push_back(std::move(s));
+  }
+  for (const auto& [id, r] : m.stitched) {
+    SnapshotStitched s;
+    s.id = id;
+    s.va = r.va;
+    s.nchunks = r.nchunks;
+    s.used = r.used;
+    s.cached = r.cached;
+    s.busy = r.mapping || r.dropping;
+    for (const Piece& p : r.pieces)
+      s.pieces.push_back(SnapshotPiece{p.seg, p.start, p.n});
+    out.stitched.push_back(std::move(s));
+  }
+  for (const auto& [id, sl] : m.slabs)
+    out.slabs.push_back(SnapshotSlab{id, sl.seg, sl.start, sl.nchunks,
+                                     sl.base, sl.bytes, sl.used, sl.stream});
+  auto by_id = [](const auto& a, const auto& b) { return a.id < b.id; };
+  std::sort(out.segments.begin(), out.segments.end(), by_id);
+  std::sort(out.stitched.begin(), out.stitched.end(), by_id);
+  std::sort(out.slabs.begin(), out.slabs.end(), by_id);
+  return out;
+}
+
 }  // namespace jaxlake
