@@ -20,6 +20,7 @@ set(JAXLAKE_REPLAY_SOURCES
   cc/replay/torch.cc
   cc/replay/gmlake.cc
   cc/replay/engine.cc
+  cc/replay/lake_view.cc
 )
 # The libcuda.so.1 stand-in (cc/shim, x86-64 Linux). Its forwarding
 # trampolines are generated at build time from cc/shim/cuda_symbols.txt.

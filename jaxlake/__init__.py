@@ -29,6 +29,7 @@ from jaxlake._src.xla.integration import memory_report
 from jaxlake._src.xla.integration import stats
 from jaxlake._src.xla.integration import status
 from jaxlake._src.xla.integration import trace
+from jaxlake._src.view.api import view
 
 
 
@@ -69,4 +70,5 @@ __all__ = [
     "stats",
     "status",
     "trace",
+    "view",
 ]

@@ -5,7 +5,9 @@ from __future__ import annotations
 import ast
 import dataclasses
 import pathlib
-from typing import Dict, List
+from typing import Any, Dict, List
+
+import pytest
 
 import jaxlake
 from jaxlake import _core
@@ -39,6 +41,7 @@ def test_public_names_are_pinned() -> None:
         "stats",
         "status",
         "trace",
+        "view",
     ]
     for name in jaxlake.__all__:
         assert hasattr(jaxlake, name), name
@@ -155,3 +158,47 @@ def test_core_stub_matches_the_module() -> None:
                 if stub.get(name) != module.get(name)]
     assert not problems, ("jaxlake/_core.pyi disagrees with the compiled "
                           "module; update the stub:\n" + "\n".join(problems))
+
+
+def test_version_is_the_distribution_version() -> None:
+    from importlib import metadata
+    assert metadata.version("jaxlake") == jaxlake.__version__
+
+
+def test_recorder_names_the_record_extra(monkeypatch: Any) -> None:
+    from importlib import metadata
+
+    from jaxlake._src.trace import recorder
+    versions = {"jaxlib": "0.10.2"}
+
+    def version(dist: str) -> str:
+        if dist in versions:
+            return versions[dist]
+        raise metadata.PackageNotFoundError(dist)
+
+    monkeypatch.setattr(metadata, "version", version)
+    monkeypatch.setattr(recorder, "_TOPOLOGIES", {})
+    with pytest.raises(recorder.RecorderError) as info:
+        recorder.gpu_devices(1)
+    assert "pip install 'jaxlake[record]'" in str(info.value)
+    assert "jax-cuda12-plugin" in str(info.value)
+    versions.update({"jax-cuda12-plugin": "0.10.1",
+                     "jax-cuda12-pjrt": "0.10.2"})
+    problem = recorder.plugin_problem() or ""
+    assert "jax-cuda12-plugin 0.10.1" in problem
+    assert "must be jaxlib's version" in problem
+    versions["jax-cuda12-plugin"] = "0.10.2"
+    assert recorder.plugin_problem() is None
+
+
+def test_inactive_status_is_one_short_line() -> None:
+    from jaxlake._src.xla import integration as xla
+    reason = ("no CUDA driver found: libcuda.so.1 is in none of /usr/lib, "
+              "/usr/lib64 nor in the linker cache (set JAXLAKE_REAL_LIBCUDA "
+              "to its absolute path)")
+    text = str(xla.Status(False, reason))
+    assert text == ("jaxlake: lake inactive: no CUDA driver found "
+                    "(`jaxlake doctor` says more)")
+    assert xla.Status(False, reason).reason == reason  # the whole of it
+    short = "cuInit failed with CUDA error 100"
+    assert str(xla.Status(False, short)) == f"jaxlake: lake inactive: {short}"

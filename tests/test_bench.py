@@ -208,7 +208,7 @@ def test_trace_convert_and_info(tmp_path: pathlib.Path,
         tracefile.read_trace(path).events()
     code, out = run(["trace", "info", str(path)])
     assert code == 0
-    assert "name     small" in out and "peak live 5.0 MiB" in out
+    assert "name     small" in out and "peak live 5.00 MiB" in out
     assert '"what": "test"' in out
     bad = tmp_path / "bad.jsonl"
     bad.write_text('{"format": "jaxlake-trace", "version": 7}\n')
@@ -224,9 +224,9 @@ def test_progress_bar() -> None:
     p = bench.Progress(4, stream=stream, enabled=True)
     p.step("a / bfc")
     p.step("a / torch")
-    p.close()
     text = stream.getvalue()
-    assert "[" in text and "2/4" in text and "a / torch" in text
+    p.close()
+    assert "2/4" in text and "a / torch" in text
     quiet = io.StringIO()
     q = bench.Progress(4, stream=quiet, enabled=False)
     q.step("x")
@@ -234,7 +234,217 @@ def test_progress_bar() -> None:
     assert quiet.getvalue() == ""
 
 
+def test_format_table_any_columns_and_groups() -> None:
+    text = bench.format_table(
+        [["a", "x", "1"], None, ["bb", "y", "22.5"]],
+        header=("name", "kind", "value"))
+    lines = text.splitlines()
+    assert lines[0].split() == ["name", "kind", "value"]
+    assert lines[2].split() == ["a", "x", "1"]
+    assert lines[3] == ""            # the rule between groups
+    assert lines[4].split() == ["bb", "y", "22.5"]
+    # right-aligned numbers, left-aligned names
+    assert lines[2].endswith("   1") and lines[4].startswith("bb")
+
+
+def test_units_follow_the_magnitude(tmp_path: pathlib.Path) -> None:
+    assert bench.format_ns(84) == "84 ns"
+    assert bench.format_ns(1250) == "1.25 us"
+    assert bench.format_ns(31.0e6) == "31.0 ms"
+    path = small_trace(tmp_path / "small.jsonl")
+    code, out = run(["replay", str(path), "-p", "jaxlake"])
+    assert code == 0
+    row = [line for line in out.splitlines() if line.startswith("small")][0]
+    # 5 MiB live, a small W: each in its own unit, never "0.00 GiB"
+    assert "MiB" in row and "GiB" not in row
+    assert "peak live 5.00 MiB" in out
+
+
 def test_installed_suite_is_found_or_absent() -> None:
     folder = bench.installed_suite_dir()
     if folder is not None:
         assert bench.suite_files(folder)
+
+
+# -- the newcomer's path: errors, file formats, stdin/stdout, sizes ----------
+
+
+def test_replay_json_to_a_new_folder_and_to_stdout(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = small_trace(tmp_path / "small.jsonl")
+    target = tmp_path / "new" / "deeper" / "r.json"  # folders made, as --plot
+    code, out = run(["replay", str(path), "-p", "bfc", "--json", str(target)])
+    assert code == 0 and f"wrote {target}" in out
+    assert json.loads(target.read_text())["format"] == "jaxlake-replay"
+    capsys.readouterr()
+    code, out = run(["replay", str(path), "-p", "bfc", "--json", "-"])
+    captured = capsys.readouterr()
+    assert code == 0 and out == ""
+    assert json.loads(captured.out)["results"]["bfc"]["policy"] == "bfc"
+    assert "small: 4 events" in captured.err     # the table, on stderr
+    assert not (pathlib.Path.cwd() / "-").exists()
+
+
+def test_replay_json_that_cannot_be_written(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = small_trace(tmp_path / "small.jsonl")
+    blocker = tmp_path / "file"
+    blocker.write_text("")
+    code, _, err = run_err(["replay", str(path), "-p", "bfc", "--json",
+                            str(blocker / "o.json")], capsys)
+    assert code == 1
+    assert f"jaxlake replay: error: cannot write {blocker / 'o.json'}" in err
+    assert "Traceback" not in err
+
+
+def test_replay_reads_standard_input(
+        tmp_path: pathlib.Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    data = small_trace(tmp_path / "small.jsonl.gz").read_bytes()
+    monkeypatch.setattr("sys.stdin", io.TextIOWrapper(io.BytesIO(data)))
+    code, out = run(["replay", "-", "-p", "jaxlake"])
+    assert code == 0 and "small: 4 events" in out
+
+
+@pytest.mark.skipif(not has_matplotlib(), reason="matplotlib not installed")
+@pytest.mark.parametrize("name, magic", [
+    ("p.pdf", b"%PDF"), ("p.svg", b"<?xml"), ("P.PNG", b"\x89PNG"),
+    ("sub/p.svg", b"<?xml")])
+def test_plot_format_follows_the_suffix(tmp_path: pathlib.Path, name: str,
+                                        magic: bytes) -> None:
+    path = small_trace(tmp_path / "small.jsonl")
+    image = tmp_path / name
+    code, out = run(["plot", str(path), "-o", str(image)])
+    assert code == 0, out
+    assert image.read_bytes()[:len(magic)] == magic
+    assert image.stat().st_size > 1000
+
+
+@pytest.mark.skipif(not has_matplotlib(), reason="matplotlib not installed")
+def test_plot_refuses_a_suffix_that_is_no_image(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = small_trace(tmp_path / "small.jsonl")
+    code, _, err = run_err(["plot", str(path), "-o", str(tmp_path / "x.txt")],
+                           capsys)
+    assert code == 2 and ".txt is not an image format" in err
+    assert ".pdf" in err and not (tmp_path / "x.txt").exists()
+    code, _, err = run_err(["replay", str(path), "--plot",
+                            str(tmp_path / "noext")], capsys)
+    assert code == 2 and "has no suffix" in err
+
+
+@pytest.mark.skipif(not has_matplotlib(), reason="matplotlib not installed")
+def test_plot_by_kind(tmp_path: pathlib.Path) -> None:
+    from jaxlake._src.bench import plot
+    path = tmp_path / "kinds.jsonl"
+    with TraceWriter(path, "kinds") as w:
+        w.alloc(1, 4 * MIB, kind="param")
+        w.alloc(2, 2 * MIB, kind="activation")
+        w.alloc(3, 1 * MIB)
+        w.free(2)
+        w.alloc(4, 3 * MIB, kind="activation")
+    trace = tracefile.read_trace(path)
+    kinds, series = plot.kind_timeline(trace, [0, 1, 2, 3, 4])
+    assert kinds == ["param", "activation", "unspecified"]
+    assert series[0] == [4 * MIB] * 5
+    assert series[1] == [0, 2 * MIB, 2 * MIB, 0, 3 * MIB]
+    assert series[2] == [0, 0, MIB, MIB, MIB]
+    image = tmp_path / "k.png"
+    code, out = run(["plot", str(path), "-p", "bfc", "--by-kind", "-o",
+                     str(image)])
+    assert code == 0, out
+    assert image.read_bytes()[:4] == b"\x89PNG"
+    # two panels: taller than the plot without the breakdown
+    plain = tmp_path / "plain.png"
+    assert run(["plot", str(path), "-p", "bfc", "-o", str(plain)])[0] == 0
+    assert image.stat().st_size > plain.stat().st_size
+
+
+def test_convert_format_ignores_the_case(tmp_path: pathlib.Path) -> None:
+    path = small_trace(tmp_path / "small.jsonl")
+    upper = tmp_path / "z.CSV"
+    code, out = run(["trace", "convert", str(path), str(upper)])
+    assert code == 0 and "(csv)" in out
+    assert upper.read_text().startswith("Thread,Time,Action")
+    gz = tmp_path / "z.JSONL.GZ"
+    code, out = run(["trace", "convert", str(upper), str(gz)])
+    assert code == 0 and gz.read_bytes()[:2] == b"\x1f\x8b"
+
+
+def main_run(argv: List[str], capsys: pytest.CaptureFixture[str]
+             ) -> Tuple[int, str, str]:
+    """`jaxlake ARGV` as the console script runs it (cli.main)."""
+    from jaxlake._src import cli
+    try:
+        code = cli.main(argv)
+    except SystemExit as e:  # argparse's usage errors, --version, --help
+        code = int(e.code or 0)
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+@pytest.mark.parametrize("value, message", [
+    ("-1GiB", "'-1GiB' (not a size: '-1GiB' is negative)"),
+    ("0", "a device of 0 bytes fits nothing"),
+    ("-3", "is negative"),
+    ("12 parsecs", "not a capacity: '12 parsecs'"),
+])
+def test_bad_capacity_is_named(tmp_path: pathlib.Path, value: str,
+                               message: str,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    path = small_trace(tmp_path / "small.jsonl")
+    code, _, err = main_run(["replay", str(path), "--capacity", value], capsys)
+    assert code == 2
+    assert "argument --capacity: " in err and message in err
+    assert "expected one argument" not in err and "'none' for no cap" in err
+
+
+@pytest.mark.parametrize("value, nbytes", [
+    ("16G", 16 << 30), ("16gb", 16 * 10**9), ("1e9", 10**9),
+    ("16GiB", 16 << 30), ("1.5G", 3 << 29)])
+def test_capacity_spellings(tmp_path: pathlib.Path, value: str, nbytes: int,
+                            capsys: pytest.CaptureFixture[str]) -> None:
+    path = small_trace(tmp_path / "small.jsonl")
+    out_json = tmp_path / "r.json"
+    code, _, err = main_run(["replay", str(path), "-p", "bfc", "--capacity",
+                             value, "--json", str(out_json)], capsys)
+    assert code == 0, err
+    granule = 2 << 20
+    cap = json.loads(out_json.read_text())["results"]["bfc"]["capacity"]
+    assert cap == -(-nbytes // granule) * granule
+
+
+def test_version_and_help_texts(capsys: pytest.CaptureFixture[str]) -> None:
+    import jaxlake
+    code, out, _ = main_run(["--version"], capsys)
+    assert code == 0 and out.strip() == f"jaxlake {jaxlake.__version__}"
+    for command, words in (("demo", "stitch"), ("options", "environment"),
+                           ("doctor", "virtual memory management")):
+        code, out, _ = main_run([command, "--help"], capsys)
+        assert code == 0
+        # a description paragraph after the usage line, not only the usage
+        body = out.split("\n\n", 1)[1]
+        assert words in body and not body.startswith("options:"), out
+
+
+def test_attach_values_keeps_program_arguments() -> None:
+    from jaxlake._src.cli import attach_values
+    assert attach_values(["replay", "t", "--capacity", "-1G"]) == \
+        ["replay", "t", "--capacity=-1G"]
+    assert attach_values(["run", "--", "prog", "--capacity", "-1"]) == \
+        ["run", "--", "prog", "--capacity", "-1"]
+
+
+def test_doctor_lists_orbax(tmp_path: pathlib.Path) -> None:
+    import subprocess
+    import sys
+    from importlib import metadata
+    try:
+        version = metadata.version("orbax-checkpoint")
+    except metadata.PackageNotFoundError:
+        pytest.skip("orbax-checkpoint is not installed (the examples extra)")
+    # a fresh process: doctor configures the lake of the process it runs in
+    result = subprocess.run([sys.executable, "-m", "jaxlake", "doctor",
+                             "--no-jax"], cwd=tmp_path, capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
+    assert f"orbax-checkpoint:      {version}" in result.stdout

@@ -2,7 +2,13 @@
 
 from __future__ import annotations
 
+import json
+import os
+import subprocess
+import sys
+import textwrap
 import warnings
+from typing import Any, Dict
 
 import pytest
 
@@ -17,16 +23,53 @@ KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
     ("2mib", 2 * MIB), ("1.5GiB", 3 * GIB // 2), ("64KiB", 64 * KIB),
     ("1KB", 1000), ("2MB", 2_000_000), ("3GB", 3_000_000_000), ("7B", 7),
     (" 1TiB ", 1 << 40),
+    # GNU-style single letters are powers of 1024, as in dd and numfmt
+    ("16G", 16 * GIB), ("16g", 16 * GIB), ("512M", 512 * MIB),
+    ("4k", 4 * KIB), ("2Ti", 2 << 40), ("16gb", 16 * 10**9),
+    # exponents, as long as the bytes are whole
+    ("1e9", 10**9), ("1E9", 10**9), ("2.5e3KB", 2_500_000),
+    ("1e3KiB", 1000 * KIB), ("+8", 8), ("0", 0),
 ])
 def test_parse_size(text: str, nbytes: int) -> None:
     assert jaxlake.parse_size(text) == nbytes
 
 
-@pytest.mark.parametrize("text", ["", "GiB", "4 GiBs", "-1", "1.5", "abc",
-                                  "4 parsecs", "1.0000001KiB"])
-def test_parse_size_rejects(text: str) -> None:
-    with pytest.raises(ValueError):
+@pytest.mark.parametrize("text, why", [
+    ("", "not a size"), ("GiB", "not a size"), ("4 GiBs", "not a size"),
+    ("-1", "negative"), ("-1GiB", "negative"), ("1.5", "whole number"),
+    ("abc", "not a size"), ("4 parsecs", "not a size"),
+    ("1.0000001KiB", "whole number"), ("1e-3", "whole number"),
+    ("1e30TiB", "2**64"), ("1e999", "out of range")])
+def test_parse_size_rejects(text: str, why: str) -> None:
+    with pytest.raises(ValueError) as info:
         jaxlake.parse_size(text)
+    assert why in str(info.value) and repr(text) in str(info.value)
+
+
+def test_parse_size_lists_the_forms() -> None:
+    with pytest.raises(ValueError) as info:
+        jaxlake.parse_size("4 parsecs")
+    for form in ("16G", "512MiB", "1e9", "KB/MB/GB/TB"):
+        assert form in str(info.value)
+
+
+@pytest.mark.parametrize("nbytes, text", [
+    (0, "0 B"), (1023, "1023 B"), (1024, "1.00 KiB"), (1536, "1.50 KiB"),
+    (10**6, "977 KiB"), (9.13 * MIB, "9.13 MiB"), (886 * KIB, "886 KiB"),
+    ((1 << 30) - 1, "1.00 GiB"), (36.4 * GIB, "36.4 GiB"),
+    (5 << 40, "5.00 TiB")])
+def test_format_bytes_picks_the_unit(nbytes: float, text: str) -> None:
+    from jaxlake._src.options import format_bytes
+    assert format_bytes(nbytes) == text
+
+
+def test_capacity_zero_is_an_error_that_says_what_to_do() -> None:
+    with pytest.raises(jaxlake.ConfigurationError) as info:
+        resolve_options(environ={"JAXLAKE_CAPACITY": "0"})
+    assert "leave it unset" in str(info.value)
+    with pytest.raises(jaxlake.ConfigurationError) as info:
+        resolve_options(environ={"JAXLAKE_CAPACITY": "-1GiB"})
+    assert "negative" in str(info.value)
 
 
 def test_defaults_come_from_the_table() -> None:
@@ -147,3 +190,82 @@ def test_unknown_environment_variable_warns() -> None:
 def test_option_docs_and_expectations_are_written() -> None:
     for option in jaxlake.option_table():
         assert option.doc and option.expected
+
+
+# -- Python and the shim agree on sizes ---------------------------------------
+# parse_size is the one size parser: every path that starts the shim
+# resolves the options in Python and hands the shim plain decimal bytes
+# (see the note in jaxlake/_src/options.py). These tests hold both halves of
+# that contract: what Python writes the shim reads as the same number, and a
+# spelling Python did not normalise is refused by the shim, never read as
+# another size.
+
+SPELLINGS = {
+    "JAXLAKE_CAPACITY": "1.5G", "JAXLAKE_SMALL_LIMIT": "1e6",
+    "JAXLAKE_SMALL_SLAB": "4M", "JAXLAKE_STITCH_MIN": "2.5e3KB",
+    "JAXLAKE_ALIGNMENT": "512", "JAXLAKE_MAX_PIECES": "8",
+    "JAXLAKE_STITCH_CACHE": "3", "JAXLAKE_STITCH": "off",
+}
+
+
+def _shim_python(code: str, env: Dict[str, str]) -> str:
+    full = {k: v for k, v in os.environ.items()
+            if not k.startswith("JAXLAKE") and k != "XLA_FLAGS"}
+    full["JAX_PLATFORMS"] = "cpu"
+    full.update(env)
+    result = subprocess.run([sys.executable, "-c", textwrap.dedent(code)],
+                            env=full, capture_output=True, text=True,
+                            timeout=180, cwd="/")
+    assert result.returncode == 0, result.stdout + result.stderr
+    return result.stdout
+
+
+@pytest.fixture(scope="module")
+def fake_driver(built: Any) -> str:
+    """The fake CUDA driver the C++ test build makes."""
+    path = built.build / "jaxlake_fakecuda" / "libfakecuda.so"
+    assert path.is_file(), f"the C++ build made no {path}"
+    return str(path)
+
+
+def _shim_missing() -> bool:
+    from jaxlake._src.xla import integration as xla
+    return not os.path.isfile(xla.shim_path())
+
+
+@pytest.mark.skipif(_shim_missing(), reason="this build of jaxlake has no "
+                    "CUDA shim (x86-64 Linux only)")
+def test_shim_reads_what_python_parsed(fake_driver: str) -> None:
+    out = _shim_python("""
+        import json
+        import jaxlake
+        from jaxlake._src.xla import integration as xla
+        status = jaxlake.configure()
+        print("STATUS", status.active, status.reason)
+        print("SHIM", json.dumps(xla._loaded_shim().status()["options"]))
+        print("PY", json.dumps(jaxlake.resolve_options()))
+    """, dict(SPELLINGS, JAXLAKE_REAL_LIBCUDA=fake_driver))
+    assert "STATUS True" in out, out
+    shim = json.loads(out.split("SHIM ", 1)[1].splitlines()[0])
+    python = json.loads(out.split("PY ", 1)[1].splitlines()[0])
+    assert python["capacity"] == 3 * GIB // 2
+    assert python["small_limit"] == 10**6
+    assert python["stitch_min"] == 2_500_000
+    for name in ("capacity", "small_limit", "small_slab", "stitch_min",
+                 "alignment", "max_pieces", "stitch_cache", "stitch"):
+        assert shim[name] == python[name], name
+
+
+@pytest.mark.skipif(_shim_missing(), reason="this build of jaxlake has no "
+                    "CUDA shim (x86-64 Linux only)")
+def test_shim_refuses_spellings_python_did_not_write(fake_driver: str
+                                                     ) -> None:
+    # The shim loaded directly, without Python resolving the options first.
+    out = _shim_python("""
+        from jaxlake._src.xla import integration as xla
+        shim = xla._Shim(xla.shim_path())
+        print("ACTIVE", shim.active)
+        print("REASON", shim.reason())
+    """, {"JAXLAKE_REAL_LIBCUDA": fake_driver, "JAXLAKE_CAPACITY": "16G"})
+    assert "ACTIVE False" in out
+    assert "JAXLAKE_CAPACITY='16G'" in out

@@ -1554,4 +1554,87 @@ std::size_t Lake::granularity() const { return impl_->gran; }
 std::size_t Lake::capacity() const { return impl_->capacity; }
 vmm::Driver& Lake::driver() const { return impl_->drv; }
 
+
+LakeSnapshot Lake::snapshot() const {
+  const Impl& m = *impl_;
+  std::lock_guard<std::mutex> lk(m.mu);
+  LakeSnapshot out;
+  out.granularity = m.gran;
+  out.capacity = m.capacity;
+  // Blocks are split at the alignment; the snapshot shows whole chunks.
+  // A chunk takes the state of the units that matter most in it: lent,
+  // else live, else slab; it is free only when all its units are free
+  // (the chunks stitching can take), and pending when any of them is.
+  std::unordered_map<std::uint64_t, std::uint32_t> lent_chunks;
+  for (const auto& [id, seg] : m.segs) {
+    SnapshotSegment s;
+    s.id = id;
+    s.va = seg.va;
+    s.nchunks = seg.nchunks;
+    auto it = seg.blocks.begin();
+    for (std::uint32_t c = 0; c < seg.nchunks; ++c) {
+      const std::uint32_t lo = c * m.cu, hi = lo + m.cu;
+      while (it != seg.blocks.end() && it->second.end <= lo) ++it;
+      SnapshotRun r;
+      r.start = c;
+      r.end = c + 1;
+      int rank = 0;  // 0 free, 1 slab, 2 live, 3 lent
+      for (auto b = it; b != seg.blocks.end() && b->first < hi; ++b) {
+        const Block& blk = b->second;
+        int k = 0;
+        if (blk.state == BlockState::kLent) k = 3;
+        else if (blk.state == BlockState::kLive) k = 2;
+        else if (blk.state == BlockState::kSlab) k = 1;
+        if (k == 0 && !m.Safe(blk.tag)) r.pending = true;
+        if (k <= rank) continue;
+        rank = k;
+        r.owner = blk.owner;
+        r.address = k == 2 ? seg.va + std::size_t{b->first} * m.unit : 0;
+      }
+      r.state = rank == 3   ? ChunkState::kLent
+                : rank == 2 ? ChunkState::kLive
+                : rank == 1 ? ChunkState::kSlab
+                            : ChunkState::kFree;
+      if (rank != 0) r.pending = false;
+      if (rank == 3) ++lent_chunks[r.owner];
+      SnapshotRun* last = s.runs.empty() ? nullptr : &s.runs.back();
+      if (last && last->state == r.state && last->owner == r.owner &&
+          last->address == r.address && last->pending == r.pending) {
+        last->end = r.end;
+      } else {
+        s.runs.push_back(r);
+      }
+    }
+    for (const SnapshotRun& r : s.runs) {
+      if (r.state != ChunkState::kFree) continue;
+      out.free_chunks += r.end - r.start;
+      out.largest_free =
+          std::max<std::size_t>(out.largest_free, r.end - r.start);
+    }
+    out.segments.push_back(std::move(s));
+  }
+  for (const auto& [id, r] : m.stitched) {
+    SnapshotStitched s;
+    s.id = id;
+    s.va = r.va;
+    s.nchunks = r.nunits / m.cu;
+    auto lc = lent_chunks.find(id);
+    s.used = r.mapping || lc == lent_chunks.end() ? 0 : lc->second;
+    s.cached = r.cached;
+    s.busy = r.mapping || r.dropping;
+    for (const Piece& p : r.pieces)
+      s.pieces.push_back(SnapshotPiece{p.seg, p.start / m.cu, p.n / m.cu});
+    out.stitched.push_back(std::move(s));
+  }
+  for (const auto& [id, sl] : m.slabs)
+    out.slabs.push_back(SnapshotSlab{id, sl.seg, sl.start / m.cu,
+                                     sl.nunits / m.cu,
+                                     sl.base, sl.bytes, sl.used, sl.stream});
+  auto by_id = [](const auto& a, const auto& b) { return a.id < b.id; };
+  std::sort(out.segments.begin(), out.segments.end(), by_id);
+  std::sort(out.stitched.begin(), out.stitched.end(), by_id);
+  std::sort(out.slabs.begin(), out.slabs.end(), by_id);
+  return out;
+}
+
 }  // namespace jaxlake

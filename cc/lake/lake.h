@@ -104,6 +104,76 @@ struct TraceEvent {
   AllocState state;        // how it was served (allocations only)
 };
 
+// A copy of the lake's layout at one moment (Lake::snapshot()), in plain
+// structs, for viewers and tests; never used on the allocation path.
+// Each segment is tiled by runs of chunks in one state. Blocks are split
+// at the alignment, so one chunk may hold units in several states: it shows
+// lent if any unit is lent (owner: the first such range), else live (the
+// first live block's address), else slab, and free only when all its units
+// are free (the chunks a stitch can take).
+enum class ChunkState : std::uint8_t {
+  kFree,  // in the free pool (stitchable)
+  kLive,  // a primary allocation (address = its address)
+  kLent,  // lent to a stitched range (owner = the range's id)
+  kSlab,  // a small-pool slab (owner = the slab's id)
+};
+
+struct SnapshotRun {
+  std::uint32_t start = 0;  // first chunk
+  std::uint32_t end = 0;    // one past the last chunk
+  ChunkState state = ChunkState::kFree;
+  std::uint64_t owner = 0;
+  std::uintptr_t address = 0;
+  // kFree: freed on a stream whose free is not yet known complete, so only
+  // that stream may use it now.
+  bool pending = false;
+};
+
+struct SnapshotSegment {
+  std::uint32_t id = 0;
+  std::uintptr_t va = 0;
+  std::uint32_t nchunks = 0;
+  std::vector<SnapshotRun> runs;  // in chunk order, tiling the segment
+};
+
+struct SnapshotPiece {
+  std::uint32_t segment = 0;
+  std::uint32_t start = 0;
+  std::uint32_t nchunks = 0;
+};
+
+struct SnapshotStitched {
+  std::uint64_t id = 0;
+  std::uintptr_t va = 0;     // 0 while being mapped
+  std::uint32_t nchunks = 0;
+  std::uint32_t used = 0;    // chunks shown lent to it (see above); 0
+                             // while it is being mapped
+  bool cached = false;       // freed and kept mapped for reuse
+  bool busy = false;         // being mapped or unmapped right now
+  std::vector<SnapshotPiece> pieces;  // in address order
+};
+
+struct SnapshotSlab {
+  std::uint64_t id = 0;
+  std::uint32_t segment = 0;
+  std::uint32_t start = 0;
+  std::uint32_t nchunks = 0;
+  std::uintptr_t base = 0;
+  std::size_t bytes = 0;
+  std::size_t used = 0;      // bytes handed out
+  vmm::Stream stream = 0;
+};
+
+struct LakeSnapshot {
+  std::size_t granularity = 0;
+  std::size_t capacity = 0;
+  std::vector<SnapshotSegment> segments;   // by id
+  std::vector<SnapshotStitched> stitched;  // by id
+  std::vector<SnapshotSlab> slabs;         // by id
+  std::size_t free_chunks = 0;     // chunks in the free pool
+  std::size_t largest_free = 0;    // chunks of the largest free block
+};
+
 class Lake {
  public:
   // The driver must outlive the lake.
@@ -142,6 +212,9 @@ class Lake {
   std::size_t granularity() const;
   std::size_t capacity() const;
   vmm::Driver& driver() const;
+
+  // A copy of the layout (segments, stitched ranges, slabs) under the lock.
+  LakeSnapshot snapshot() const;
 
  private:
   struct Impl;

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cc/replay/engine.h"
+#include "cc/replay/lake_view.h"
 #include "cc/replay/policy.h"
 #include "cc/replay/trace.h"
 
@@ -63,6 +64,41 @@ class PyTrace {
       out.emplace_back(e.t, e.alloc, e.id, e.dev, e.size, e.stream,
                        KindName(e.kind));
     return out;
+  }
+
+  // The events as columns of little-endian arrays (bytes), for numpy:
+  // t, size, stream (uint64), dev, slot, line (uint32), alloc, kind
+  // (uint8; kind as in JAXLAKE_TRACE_KINDS, 0 when not given).
+  nb::dict columns() const {
+    const std::vector<TraceEvent>& ev = trace_->events;
+    const std::size_t n = ev.size();
+    std::vector<std::uint64_t> t(n), size(n), stream(n);
+    std::vector<std::uint32_t> dev(n), slot(n), line(n);
+    std::vector<std::uint8_t> alloc(n), kind(n);
+    for (std::size_t i = 0; i < n; ++i) {
+      t[i] = ev[i].t;
+      size[i] = ev[i].size;
+      stream[i] = ev[i].stream;
+      dev[i] = ev[i].dev;
+      slot[i] = ev[i].slot;
+      line[i] = ev[i].line;
+      alloc[i] = ev[i].alloc ? 1 : 0;
+      kind[i] = ev[i].kind;
+    }
+    auto raw = [](const auto& v) {
+      return nb::bytes(reinterpret_cast<const char*>(v.data()),
+                       v.size() * sizeof(v[0]));
+    };
+    nb::dict d;
+    d["t"] = raw(t);
+    d["size"] = raw(size);
+    d["stream"] = raw(stream);
+    d["dev"] = raw(dev);
+    d["slot"] = raw(slot);
+    d["line"] = raw(line);
+    d["alloc"] = raw(alloc);
+    d["kind"] = raw(kind);
+    return d;
   }
 
   // Events per device (index: device).
@@ -252,6 +288,81 @@ nb::dict RunReplay(const PyTrace& trace, const std::string& policy,
   return d;
 }
 
+// The lake's layout as Python tuples (LakeSnapshot, cc/lake/lake.h).
+nb::dict Layout(const LakeViewSnapshot& s) {
+  const LakeSnapshot& l = s.layout;
+  nb::dict d;
+  d["event"] = s.event;
+  d["asked"] = (s.why & kSnapshotAsked) != 0;
+  d["stitch"] = (s.why & kSnapshotStitch) != 0;
+  d["oom"] = (s.why & kSnapshotOom) != 0;
+  d["granularity"] = l.granularity;
+  d["capacity"] = l.capacity;
+  d["free_chunks"] = l.free_chunks;
+  d["largest_free"] = l.largest_free;
+  nb::list segments;
+  for (const SnapshotSegment& seg : l.segments) {
+    nb::list runs;
+    for (const SnapshotRun& r : seg.runs)
+      runs.append(nb::make_tuple(r.start, r.end, static_cast<int>(r.state),
+                                 r.owner, r.address, r.pending));
+    segments.append(nb::make_tuple(seg.id, seg.va, seg.nchunks, runs));
+  }
+  d["segments"] = segments;
+  nb::list stitched;
+  for (const SnapshotStitched& st : l.stitched) {
+    nb::list pieces;
+    for (const SnapshotPiece& p : st.pieces)
+      pieces.append(nb::make_tuple(p.segment, p.start, p.nchunks));
+    stitched.append(nb::make_tuple(st.id, st.va, st.nchunks, st.used,
+                                   st.cached, st.busy, pieces));
+  }
+  d["stitched"] = stitched;
+  nb::list slabs;
+  for (const SnapshotSlab& sl : l.slabs)
+    slabs.append(nb::make_tuple(sl.id, sl.segment, sl.start, sl.nchunks,
+                                sl.base, sl.bytes, sl.used, sl.stream));
+  d["slabs"] = slabs;
+  nb::list live;
+  for (const auto& [addr, event] : s.live)
+    live.append(nb::make_tuple(addr, event));
+  d["live"] = live;
+  return d;
+}
+
+nb::dict RunLakeView(const PyTrace& trace, const PolicyOptions& options,
+                     std::uint32_t device,
+                     std::vector<std::uint64_t> snapshot_events,
+                     std::size_t stitch_snapshots) {
+  if (device >= trace.devices())
+    throw nb::value_error(("device " + std::to_string(device) +
+                           " is not below the trace's devices (" +
+                           std::to_string(trace.devices()) + ")")
+                              .c_str());
+  LakeViewOptions o;
+  o.device = device;
+  o.snapshot_events = std::move(snapshot_events);
+  o.stitch_snapshots = stitch_snapshots;
+  std::shared_ptr<Trace> t = trace.get();
+  LakeViewResult r;
+  {
+    nb::gil_scoped_release release;
+    r = ReplayLakeView(*t, options, o);
+  }
+  if (!r.error.empty() && r.served.empty())
+    throw nb::value_error(r.error.c_str());
+  nb::dict d;
+  d["served"] = nb::bytes(reinterpret_cast<const char*>(r.served.data()),
+                          r.served.size());
+  d["stitches"] = r.stitches;
+  d["oom_event"] = r.oom ? nb::cast(r.oom_event) : nb::none();
+  d["error"] = r.error;
+  nb::list snapshots;
+  for (const LakeViewSnapshot& s : r.snapshots) snapshots.append(Layout(s));
+  d["snapshots"] = snapshots;
+  return d;
+}
+
 }  // namespace
 
 void BindReplay(nb::module_& m) {
@@ -271,6 +382,8 @@ void BindReplay(nb::module_& m) {
       .def("header", &PyTrace::header)
       .def("events", &PyTrace::events)
       .def("device_events", &PyTrace::device_events)
+      .def("columns", &PyTrace::columns,
+           "The events as columns of raw arrays (bytes), for numpy.")
       .def("peak_live", &PyTrace::peak_live, "device"_a)
       .def("to_jsonl", &PyTrace::to_jsonl, "header"_a)
       .def("to_csv", &PyTrace::to_csv);
@@ -326,6 +439,12 @@ void BindReplay(nb::module_& m) {
         "device"_a = 0, "timeline_points"_a = 1000, "timing"_a = true,
         "check_every"_a = 0,
         "Replays one device of a trace through a policy; returns a dict.");
+  m.def("lake_view", &RunLakeView, "trace"_a, "options"_a, "device"_a = 0,
+        "snapshot_events"_a = std::vector<std::uint64_t>{},
+        "stitch_snapshots"_a = 0,
+        "Replays one device through the jaxlake policy keeping how each "
+        "event was served (bytes: AllocState, 255 none) and snapshots of "
+        "the lake's layout (cc/replay/lake_view.h); returns a dict.");
 }
 
 }  // namespace jaxlake::replay

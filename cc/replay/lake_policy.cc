@@ -75,20 +75,27 @@ class LakePolicy final : public Policy {
 
 }  // namespace
 
+bool LakePolicySetup(const PolicyOptions& o, vmm::SimOptions* sim,
+                     LakeOptions* lake, std::string* error) {
+  sim->granularity = o.granularity;
+  sim->device_bytes = o.capacity / o.granularity * o.granularity;
+  sim->latency = o.latency;
+  *lake = o.lake;
+  lake->capacity = sim->device_bytes;
+  vmm::SimDriver probe(*sim);
+  const std::string problem = ValidateOptions(*lake, probe);
+  if (!problem.empty()) {
+    *error = "jaxlake: " + problem;
+    return false;
+  }
+  return true;
+}
+
 std::unique_ptr<Policy> MakeLakePolicy(const PolicyOptions& o,
                                        std::string* error) {
   vmm::SimOptions sim;
-  sim.granularity = o.granularity;
-  sim.device_bytes = o.capacity / o.granularity * o.granularity;
-  sim.latency = o.latency;
-  LakeOptions lake = o.lake;
-  lake.capacity = sim.device_bytes;
-  vmm::SimDriver probe(sim);
-  const std::string problem = ValidateOptions(lake, probe);
-  if (!problem.empty()) {
-    *error = "jaxlake: " + problem;
-    return nullptr;
-  }
+  LakeOptions lake;
+  if (!LakePolicySetup(o, &sim, &lake, error)) return nullptr;
   return std::make_unique<LakePolicy>(sim, lake);
 }
 

@@ -32,6 +32,10 @@
 #include "cc/vmm/driver.h"
 #include "cc/vmm/latency.h"
 
+namespace jaxlake::vmm {
+struct SimOptions;
+}  // namespace jaxlake::vmm
+
 namespace jaxlake::replay {
 
 inline constexpr std::size_t kMiB = std::size_t{1} << 20;
@@ -110,6 +114,10 @@ std::unique_ptr<Policy> MakePolicy(const std::string& name,
 // The factories behind MakePolicy (one per file).
 std::unique_ptr<Policy> MakeLakePolicy(const PolicyOptions& o,
                                        std::string* error);
+// The simulated driver and lake options the "jaxlake" policy runs with
+// (false and *error set when the options are invalid).
+bool LakePolicySetup(const PolicyOptions& o, vmm::SimOptions* sim,
+                     LakeOptions* lake, std::string* error);
 std::unique_ptr<Policy> MakeBfcPolicy(const PolicyOptions& o);
 std::unique_ptr<Policy> MakeTorchPolicy(const PolicyOptions& o);
 std::unique_ptr<Policy> MakeExpandablePolicy(const PolicyOptions& o);

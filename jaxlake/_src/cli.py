@@ -9,6 +9,7 @@ import textwrap
 from typing import Callable, List, Optional, Sequence
 
 from jaxlake._src.bench import cli as bench_cli
+from jaxlake._src.view import cli as view_cli
 from jaxlake._src.core import demo
 from jaxlake._src.xla import cli as xla_cli
 from jaxlake._src.options import OPTIONS, Option, format_size
@@ -27,8 +28,10 @@ def format_options() -> str:
     lines: List[str] = [
         "jaxlake options: Lake(backend, **options) keyword arguments, or "
         "JAXLAKE_<NAME> environment",
-        "variables (keyword arguments win; sizes take KiB/MiB/GiB or "
-        "KB/MB/GB, booleans 1/0/true/false/on/off/yes/no).", ""]
+        "variables (keyword arguments win; sizes take K/M/G or KiB/MiB/GiB "
+        "(powers of 1024),",
+        "KB/MB/GB (powers of 1000), e.g. 16G, 512MiB, 1e9; booleans "
+        "1/0/true/false/on/off/yes/no).", ""]
     for option in OPTIONS:
         current = os.environ.get(option.env)
         now = f"  [set: {current}]" if current is not None else ""
@@ -39,24 +42,72 @@ def format_options() -> str:
     return "\n".join(lines)
 
 
-def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Runs the command; returns its exit status."""
+#: Options whose value may start with "-" (a negative size is still a
+#: value, to be refused with a message, not an unknown option to argparse).
+VALUE_OPTIONS = ("--capacity",)
+
+
+def attach_values(argv: Sequence[str],
+                  options: Sequence[str] = VALUE_OPTIONS) -> List[str]:
+    """`--capacity -1GiB` as `--capacity=-1GiB`: argparse takes any word
+    that starts with "-" and is not a plain negative number for an option,
+    and would say only "expected one argument"."""
+    out: List[str] = []
+    args = list(argv)
+    i = 0
+    while i < len(args):
+        if args[i] == "--":  # the rest belongs to a program (jaxlake run)
+            out.extend(args[i:])
+            break
+        if args[i] in options and i + 1 < len(args) \
+                and args[i + 1].startswith("-") and args[i + 1] != "--":
+            out.append(f"{args[i]}={args[i + 1]}")
+            i += 2
+            continue
+        out.append(args[i])
+        i += 1
+    return out
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The `jaxlake` parser with every subcommand."""
+    from jaxlake import __version__
     parser = argparse.ArgumentParser(
         prog="jaxlake",
         description="jaxlake: a GPU memory allocator that stitches free "
                     "memory together (GMLake-style virtual memory stitching).")
+    parser.add_argument("--version", action="version",
+                        version=f"jaxlake {__version__}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     # Each module adds its subcommands with a handler: args -> exit status.
     bench_cli.register(commands)
+    view_cli.register(commands)
     commands.add_parser(
-        "demo", help="show stitching with real bytes on the host backend"
+        "demo", help="show stitching with real bytes on the host backend",
+        description="Shows stitching on the host backend, with real memory "
+                    "and no GPU: fills a small lake with blocks, frees every "
+                    "other one, then asks for more than any free block. The "
+                    "lake maps the scattered free chunks into one new "
+                    "virtual range, writes and reads the bytes back, and "
+                    "prints its figures before and after."
     ).set_defaults(func=lambda args: demo.run(sys.stdout))
     commands.add_parser(
         "options", help="list the options, their environment variables, "
-                        "defaults and docs"
+                        "defaults and docs",
+        description="Lists every lake option: its name (a keyword argument "
+                    "of jaxlake.Lake and jaxlake.configure), its environment "
+                    "variable JAXLAKE_<NAME>, its default and what it does, "
+                    "with the value set in this environment, if any."
     ).set_defaults(func=_print_options)
     xla_cli.register(commands)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    """Runs the command; returns its exit status."""
+    parser = build_parser()
+    args = parser.parse_args(attach_values(
+        sys.argv[1:] if argv is None else argv))
     func: Optional[Callable[[argparse.Namespace], int]] = getattr(
         args, "func", None)
     if func is None:

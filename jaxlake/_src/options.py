@@ -18,14 +18,29 @@ Rules:
 
 Environment values are forgiving: booleans accept 1/true/on/yes and
 0/false/off/no (any case); sizes accept a number of bytes or a number with a
-unit: B, KiB, MiB, GiB, TiB (powers of 1024) or KB, MB, GB, TB (powers of
-1000), e.g. "4GiB", "512 MiB", "1.5GiB".
+unit, in any case: K, M, G, T, KiB, MiB, GiB, TiB (powers of 1024) or KB,
+MB, GB, TB (powers of 1000), as GNU coreutils read them; the number may
+have a decimal point or an exponent, as long as it makes whole bytes, e.g.
+"4GiB", "16G", "512 MiB", "1.5GiB", "1e9", "2.5e3KB".
+
+Sizes have one parser, parse_size() below; the shim (cc/shim/options.cc)
+reads only plain decimal digits. Every path that starts the shim (configure(),
+the start-up hook, `jaxlake run`) resolves the options here first and hands
+the shim their normalised values (xla.shim_environment), so no spelling can
+mean one size in Python and another in C++: a spelling the shim was never
+given by Python makes it inactive with a message naming the variable, it is
+never read differently. One parser in Python, rather than one in C++ called
+from Python, keeps the forgiving spellings, the error messages and the
+"did you mean" in one place, and keeps the shim's start-up path (which runs
+inside the CUDA driver's first call) free of anything but digits.
+tests/test_options.py checks that both sides agree on every spelling.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import mmap
 import os
 import re
@@ -135,10 +150,17 @@ _ENV_NAMES: Dict[str, Option] = {o.env: o for o in OPTIONS}
 
 _UNITS = {
     "": 1, "b": 1,
+    "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40,
+    "ki": 1 << 10, "mi": 1 << 20, "gi": 1 << 30, "ti": 1 << 40,
     "kib": 1 << 10, "mib": 1 << 20, "gib": 1 << 30, "tib": 1 << 40,
     "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
 }
-_SIZE_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)\s*([a-zA-Z]*)\s*$")
+_SIZE_RE = re.compile(
+    r"^\s*([+-]?)(\d+(?:\.\d*)?|\.\d+)(?:e([+-]?\d+))?\s*([a-z]*)\s*$",
+    re.IGNORECASE)
+_SIZE_FORMS = ("bytes, or a number with a unit: K/M/G/T or KiB/MiB/GiB/TiB "
+               "(powers of 1024), KB/MB/GB/TB (powers of 1000), e.g. '16G', "
+               "'512MiB', '1.5GiB', '1e9'")
 _TRUE = {"1", "true", "on", "yes", "y"}
 _FALSE = {"0", "false", "off", "no", "n"}
 
@@ -161,23 +183,34 @@ def unknown_option_error(name: str) -> ConfigurationError:
 
 
 def parse_size(text: str) -> int:
-    """Bytes in a size string such as "4GiB", "512 MiB", "1.5GB" or "4096".
+    """Bytes in a size string such as "4GiB", "16G", "512 MiB", "1.5GB",
+    "1e9" or "4096" (the forms are in this module's docstring).
 
-    Raises ValueError when the text is not a size.
+    Raises ValueError, saying why, when the text is not a size: an unknown
+    unit, a negative number, or a number that is not whole bytes.
     """
     match = _SIZE_RE.match(text)
-    unit = match.group(2).lower() if match else ""
+    unit = match.group(4).lower() if match else ""
     if not match or unit not in _UNITS:
-        raise ValueError(f"not a size: {text!r}")
-    number = match.group(1)
-    if "." not in number:
-        return int(number) * _UNITS[unit]
+        raise ValueError(f"not a size: {text!r}; expected {_SIZE_FORMS}")
+    sign, number, exponent = match.group(1), match.group(2), match.group(3)
+    if sign == "-" and number.strip("0.") != "":
+        raise ValueError(f"not a size: {text!r} is negative")
     whole, _, frac = number.partition(".")
-    scale = int(10 ** len(frac))
-    numerator = int(whole or "0") * scale + int(frac or "0")
-    total, rest = divmod(numerator * _UNITS[unit], scale)
+    numerator = int((whole or "0") + frac)  # the digits without the point
+    scale = len(frac) - int(exponent or "0")  # value = numerator / 10**scale
+    if scale > 30 or scale < -30:
+        raise ValueError(f"not a size: {text!r} is out of range")
+    numerator *= _UNITS[unit]
+    power = int(10 ** abs(scale))
+    if scale <= 0:
+        total, rest = numerator * power, 0
+    else:
+        total, rest = divmod(numerator, power)
     if rest:
         raise ValueError(f"not a whole number of bytes: {text!r}")
+    if total >= 1 << 64:
+        raise ValueError(f"not a size: {text!r} is 2**64 bytes or more")
     return total
 
 
@@ -190,6 +223,37 @@ def format_size(nbytes: int) -> str:
                 else f"{value:.1f} {unit}"
         value /= 1024
     raise AssertionError("unreachable")
+
+
+#: Binary units by magnitude, for figures read by people.
+BYTE_UNITS: Tuple[Tuple[str, int], ...] = (
+    ("B", 1), ("KiB", KIB), ("MiB", MIB), ("GiB", GIB), ("TiB", 1 << 40))
+
+
+def byte_unit(nbytes: float) -> Tuple[str, int]:
+    """The unit (name, bytes) in which `nbytes` reads as 1 to 1023.9: the
+    largest binary unit not above it (bytes for anything below 1 KiB)."""
+    chosen = BYTE_UNITS[0]
+    for unit in BYTE_UNITS:
+        if abs(nbytes) >= unit[1]:
+            chosen = unit
+    return chosen
+
+
+def format_bytes(nbytes: float, digits: int = 3) -> str:
+    """A size for tables and reports, in the unit its magnitude calls for
+    and `digits` significant digits: "1.50 GiB", "12.3 MiB", "512 KiB",
+    "0 B". Unlike format_size it never shows more digits than are useful."""
+    name, scale = byte_unit(nbytes)
+    value = nbytes / scale
+    if scale == 1:
+        return f"{nbytes:.0f} B"
+    if round(abs(value), max(0, digits - 4)) >= 1024 and name != "TiB":
+        # rounding reached the next unit (1023.99 MiB -> 1.00 GiB)
+        return format_bytes(1024 * scale, digits)
+    decimals = max(0, digits - 1 - int(math.floor(math.log10(abs(value))))) \
+        if value else 0
+    return f"{value:.{decimals}f} {name}"
 
 
 def _bad(option: Option, value: object, env: str,
@@ -229,8 +293,12 @@ def _parse(option: Option, value: object, env: str = "") -> OptionValue:
                            "a fraction must lie in (0, 1]")
             return fraction
         number = _integer(option, value, env, sizes=True)
-        if number <= 0:
-            raise _bad(option, value, env)
+        if number < 0:
+            raise _bad(option, value, env, "negative")
+        if number == 0:
+            raise _bad(option, value, env,
+                       "0 bytes would leave the lake no memory; for the "
+                       "whole device leave it unset or pass None")
         return number
 
     number = _integer(option, value, env, sizes=(kind != "count"))
@@ -256,8 +324,10 @@ def _integer(option: Option, value: object, env: str, sizes: bool) -> int:
     if isinstance(value, str):
         try:
             return parse_size(value) if sizes else int(value.strip())
-        except ValueError:
-            raise _bad(option, value, env) from None
+        except ValueError as e:
+            # parse_size says why when it is more than "not a size"
+            why = str(e) if sizes and "expected" not in str(e) else ""
+            raise _bad(option, value, env, why) from None
     raise _bad(option, value, env)
 
 

@@ -18,10 +18,20 @@ from typing import Any, List, Optional, Sequence, TextIO
 
 from jaxlake._src.bench import suite as bench
 from jaxlake._src.trace import tracefile
-from jaxlake._src.options import format_size
+from jaxlake._src.options import format_bytes
 from jaxlake._src.bench.replay import (Capacity, Latency, LatencyError,
                                        PolicyError, ReplayResult,
                                        check_policies, policy_names, replay)
+
+#: What the table's columns mean (bench and replay).
+UNITS_NOTE = (
+    "U: peak live / peak reserved; W: peak reserved - peak live; "
+    "calls: driver memory calls; maps: map calls; median/p99: CPU time of "
+    "one allocator call (noisy: it varies from run to run and machine to "
+    "machine); Mev/s: replay speed; cap: out of memory under the capacity, "
+    "at which event; driver: modelled driver time of the calls; 2nd calls, "
+    "2nd driver: memory calls and driver time in the second half of each "
+    "trace (* mean, + total)")
 
 EXIT_INPUT = 1
 EXIT_USAGE = 2
@@ -96,8 +106,8 @@ def register(commands: Any) -> None:
     b.add_argument("--capacity", type=_capacity, default=Capacity(factor=1.1),
                    metavar="SIZE",
                    help="device memory for the out-of-memory column: a size "
-                        "('16GiB'), a multiple of each trace's peak live "
-                        "bytes ('1.1x', the default) or 'none'")
+                        "('16GiB', '16G', '1e9'), a multiple of each trace's "
+                        "peak live bytes ('1.1x', the default) or 'none'")
     b.add_argument("--out", default="jaxlake-bench", metavar="DIR",
                    help="where results.json and the plots go "
                         "(default: ./jaxlake-bench)")
@@ -118,16 +128,22 @@ def register(commands: Any) -> None:
                     "memory-event CSV) through each policy and prints the "
                     "figures; with --capacity, which policies run out of "
                     "memory and at which event.")
-    r.add_argument("trace", metavar="TRACE")
+    r.add_argument("trace", metavar="TRACE",
+                   help="the trace file, or - for standard input")
     _add_policy(r)
     r.add_argument("--capacity", type=_capacity, default=None,
                    metavar="SIZE",
-                   help="device memory: a size ('16GiB'), a multiple of the "
-                        "peak live bytes ('1.1x'), or 'none' (default)")
+                   help="device memory: a size ('16GiB', '16G', '1e9'), a "
+                        "multiple of the peak live bytes ('1.1x'), or "
+                        "'none' (default)")
     r.add_argument("--json", metavar="OUT",
-                   help="also write the results as JSON to OUT")
-    r.add_argument("--plot", metavar="PNG",
-                   help="also draw memory over the replay to PNG")
+                   help="also write the results as JSON to OUT (folders "
+                        "are created); - writes them to standard output "
+                        "and the table to standard error")
+    r.add_argument("--plot", metavar="IMAGE",
+                   help="also draw memory over the replay to IMAGE (.png, "
+                        ".pdf, .svg: the suffix picks the format; folders "
+                        "are created)")
     r.add_argument("--lenient", action="store_true",
                    help="skip malformed lines, unknown frees and bad sizes, "
                         "and report what was skipped")
@@ -137,11 +153,21 @@ def register(commands: Any) -> None:
     pl = commands.add_parser(
         "plot", help="draw live vs reserved memory of a trace per policy",
         description="Replays a trace and draws live bytes and each "
-                    "policy's reserved bytes over the events (PNG).")
-    pl.add_argument("trace", metavar="TRACE")
+                    "policy's reserved bytes over the events; with "
+                    "--by-kind, also the live bytes by kind (params, "
+                    "optimizer state, activations, temporaries...) under "
+                    "one policy's reserved bytes. The output's suffix picks "
+                    "the format (.png, .pdf, .svg).")
+    pl.add_argument("trace", metavar="TRACE",
+                    help="the trace file, or - for standard input")
     _add_policy(pl)
-    pl.add_argument("--output", "-o", metavar="PNG",
-                    help="the PNG to write (default: <trace name>.png)")
+    pl.add_argument("--output", "-o", metavar="IMAGE",
+                    help="the image to write: .png, .pdf, .svg... "
+                         "(default: <trace name>.png)")
+    pl.add_argument("--by-kind", metavar="POLICY", nargs="?",
+                    const="jaxlake",
+                    help="add a panel of live bytes by kind under POLICY's "
+                         "reserved bytes (default policy: jaxlake)")
     pl.add_argument("--lenient", action="store_true",
                     help="skip malformed lines")
     pl.set_defaults(func=plot_command)
@@ -154,9 +180,13 @@ def register(commands: Any) -> None:
         "convert", help="convert between JSON lines and RMM's CSV",
         description="Converts a trace; the output format follows OUT's "
                     "name: .csv or .csv.gz is RMM's memory-event CSV, "
-                    "anything else JSON lines (.gz: compressed).")
-    c.add_argument("input", metavar="IN")
-    c.add_argument("output", metavar="OUT")
+                    "anything else JSON lines (.gz: compressed); the "
+                    "suffix in any case.")
+    c.add_argument("input", metavar="IN",
+                   help="the trace to read, or - for standard input")
+    c.add_argument("output", metavar="OUT",
+                   help="the file to write (.csv, .csv.gz, .jsonl, "
+                        ".jsonl.gz, in any case; folders are created)")
     c.add_argument("--lenient", action="store_true",
                    help="skip malformed lines of IN and report them")
     c.set_defaults(func=convert_command)
@@ -255,14 +285,8 @@ def bench_command(args: argparse.Namespace,
     cap = f"; capacity {args.capacity}" if args.capacity else ""
     out.write(f"jaxlake bench: {len(suite)} trace(s) from {source}, "
               f"{len(policies)} policies{cap}\n\n")
-    out.write(bench.format_table(bench.table_rows(suite) +
-                                 bench.summary_rows(suite)) + "\n")
-    out.write("U: peak live / peak reserved; W: peak reserved - peak live; "
-              "calls: driver memory calls; med/p99: CPU ns per call; "
-              "cap: out of memory under the capacity, at which event; "
-              "drv ms: modelled driver time; 2nd calls/ms: memory calls "
-              "and driver time in each trace's second half "
-              "(* mean, + total)\n\n")
+    out.write(bench.format_table(bench.grouped_rows(suite)) + "\n")
+    out.write(UNITS_NOTE + "\n\n")
     claims = bench.comparisons(suite)
     out.write("comparisons:\n" + bench.format_comparisons(claims) + "\n")
     out.write(bench.speed_lines(suite) + "\n")
@@ -282,9 +306,45 @@ def bench_command(args: argparse.Namespace,
     return 0
 
 
+def _write_json(command: str, path: str, data: Any, out: TextIO) -> bool:
+    """Writes `data` to `path` (- : standard output), creating its folder
+    as the plots do. Says what went wrong and returns False on failure."""
+    text = json.dumps(data, indent=1) + "\n"
+    if path == "-":
+        sys.stdout.write(text)
+        sys.stdout.flush()
+        return True
+    try:
+        folder = os.path.dirname(os.path.abspath(path))
+        os.makedirs(folder, exist_ok=True)
+        with open(path, "w", encoding="utf-8") as f:
+            f.write(text)
+    except OSError as e:
+        _error(command, f"cannot write {path}: {e.strerror or e}")
+        return False
+    out.write(f"wrote {path}\n")
+    return True
+
+
+def _check_image(command: str, path: Optional[str]) -> bool:
+    """Whether `path` (if given) names an image format, said before any
+    replay runs."""
+    if path is None:
+        return True
+    from jaxlake._src.bench import plot
+    try:
+        plot.image_format(path)
+    except plot.PlotError as e:
+        _error(command, str(e))
+        return False
+    return True
+
+
 def replay_command(args: argparse.Namespace,
                    out: Optional[TextIO] = None) -> int:
     out = out if out is not None else sys.stdout
+    if args.json == "-":  # standard output is the JSON's
+        out = sys.stderr
     try:
         policies = _policies(args.policy)
     except PolicyError as e:
@@ -293,6 +353,8 @@ def replay_command(args: argparse.Namespace,
     latency = _latency("replay", getattr(args, "latency", None))
     if latency is False:
         return EXIT_INPUT
+    if not _check_image("replay", args.plot):
+        return EXIT_USAGE
     trace = _read("replay", args.trace, args.lenient, out)
     if trace is None:
         return EXIT_INPUT
@@ -300,10 +362,10 @@ def replay_command(args: argparse.Namespace,
                for p in policies]
     first = results[0]
     out.write(f"{trace.name}: {len(trace)} events, {first.devices} "
-              f"device(s), peak live {format_size(first.peak_live)}")
+              f"device(s), peak live {format_bytes(first.peak_live)}")
     if args.capacity:
         out.write(f", capacity {args.capacity} = "
-                  f"{format_size(first.capacity or 0)} per device")
+                  f"{format_bytes(first.capacity or 0)} per device")
     out.write("\n\n" + bench.format_table(_result_rows(trace.name, results))
               + "\n")
     for r in results:
@@ -312,7 +374,7 @@ def replay_command(args: argparse.Namespace,
         elif r.capacity is not None:
             peak = r.capped_peak_reserved or r.peak_reserved
             out.write(f"{r.policy}: fits the capacity (peak reserved "
-                      f"{format_size(peak)})\n")
+                      f"{format_bytes(peak)})\n")
     if args.json:
         data = {"format": "jaxlake-replay", "version": 1,
                 "trace": {"name": trace.name, "path": trace.path,
@@ -321,10 +383,8 @@ def replay_command(args: argparse.Namespace,
                           "skipped_count": int(trace.core.skipped_count)},
                 "capacity": str(args.capacity) if args.capacity else None,
                 "results": {r.policy: r.to_json() for r in results}}
-        with open(args.json, "w", encoding="utf-8") as f:
-            json.dump(data, f, indent=1)
-            f.write("\n")
-        out.write(f"wrote {args.json}\n")
+        if not _write_json("replay", args.json, data, out):
+            return EXIT_INPUT
     if args.plot:
         from jaxlake._src.bench import plot
         try:
@@ -342,8 +402,14 @@ def plot_command(args: argparse.Namespace,
     from jaxlake._src.bench import plot
     try:
         policies = _policies(args.policy)
+        if args.by_kind is not None:
+            check_policies([args.by_kind])
+            if args.by_kind not in policies:
+                policies.append(args.by_kind)
     except PolicyError as e:
         _error("plot", str(e))
+        return EXIT_USAGE
+    if not _check_image("plot", args.output):
         return EXIT_USAGE
     trace = _read("plot", args.trace, args.lenient, out)
     if trace is None:
@@ -351,7 +417,8 @@ def plot_command(args: argparse.Namespace,
     results = [replay(trace, p, None) for p in policies]
     path = args.output or f"{plot.safe_name(trace.name)}.png"
     try:
-        plot.plot_trace(trace.name, results, path)
+        plot.plot_trace(trace.name, results, path, trace=trace,
+                        by_kind=args.by_kind)
     except plot.PlotError as e:
         _error("plot", str(e))
         return EXIT_INPUT
@@ -366,6 +433,9 @@ def convert_command(args: argparse.Namespace,
         _error("trace convert", "IN and OUT are the same file")
         return EXIT_USAGE
     try:
+        # folders are created, as for --plot and --json
+        os.makedirs(os.path.dirname(os.path.abspath(args.output)),
+                    exist_ok=True)
         trace = tracefile.convert(args.input, args.output,
                                   lenient=args.lenient)
     except tracefile.TraceError as e:
@@ -395,7 +465,7 @@ def info_command(args: argparse.Namespace,
     for d, n in enumerate(counts):
         if n:
             out.write(f"  device {d}: {n} events, peak live "
-                      f"{format_size(int(trace.core.peak_live(d)))}\n")
+                      f"{format_bytes(int(trace.core.peak_live(d)))}\n")
     if trace.meta:
         out.write(f"  meta     {json.dumps(trace.meta, sort_keys=True)}\n")
     return 0

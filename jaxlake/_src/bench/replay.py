@@ -186,7 +186,9 @@ class Capacity:
     @classmethod
     def parse(cls, text: Union[str, int, None]) -> Optional["Capacity"]:
         """"none" (or None/""): no cap; "1.1x": a multiple of the peak live
-        bytes; "16GiB", "512MiB", "4096": bytes."""
+        bytes; "16GiB", "16G", "512MiB", "1e9", "4096": bytes (the forms of
+        jaxlake.parse_size). 0 and negative sizes are errors: a device of 0
+        bytes fits nothing, and "none" says "no cap" plainly."""
         if text is None:
             return None
         if isinstance(text, int) and not isinstance(text, bool):
@@ -194,7 +196,7 @@ class Capacity:
                 raise ValueError(f"capacity must be positive, got {text}")
             return cls(nbytes=text)
         value = str(text).strip()
-        if value.lower() in ("", "none", "off", "0"):
+        if value.lower() in ("", "none", "off"):
             return None
         m = _FACTOR_RE.match(value)
         if m:
@@ -202,15 +204,18 @@ class Capacity:
             if factor <= 0:
                 raise ValueError(f"capacity factor must be positive: {text!r}")
             return cls(factor=factor)
+        expected = ("expected a size such as '16GiB' or '16G', a multiple "
+                    "of the peak live bytes such as '1.1x', or 'none' for "
+                    "no cap")
         try:
             nbytes = parse_size(value)
-        except ValueError:
+        except ValueError as e:
+            why = "" if "expected" in str(e) else f" ({e})"
             raise ValueError(
-                f"not a capacity: {text!r}; expected a size such as '16GiB', "
-                "a multiple of the peak live bytes such as '1.1x', or "
-                "'none'") from None
+                f"not a capacity: {text!r}{why}; {expected}") from None
         if nbytes <= 0:
-            raise ValueError(f"capacity must be positive, got {text!r}")
+            raise ValueError(f"not a capacity: {text!r} (a device of 0 bytes "
+                             f"fits nothing); {expected}")
         return cls(nbytes=nbytes)
 
     def bytes_for(self, peak_live: int) -> int:

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import glob
+import io
 import json
 import math
 import os
@@ -23,7 +24,7 @@ from typing import (Any, Callable, Dict, Iterable, List, Optional, Sequence,
                     TextIO, Tuple)
 
 from jaxlake._src.trace import tracefile
-from jaxlake._src.options import MIB
+from jaxlake._src.options import MIB, format_bytes
 from jaxlake._src.bench.replay import (Capacity, Latency, ReplayResult,
                                        check_policies, policy_names, replay)
 from jaxlake._src.trace.tracefile import TraceWriter
@@ -61,7 +62,8 @@ def suite_files(folder: str) -> List[str]:
 
 
 class Progress:
-    """A one-line progress bar on a terminal; silent elsewhere."""
+    """A progress bar (rich) on a terminal: done/total, elapsed time and
+    what runs now; silent elsewhere, or when enabled=False."""
 
     def __init__(self, total: int, stream: Optional[TextIO] = None,
                  enabled: Optional[bool] = None) -> None:
@@ -70,28 +72,34 @@ class Progress:
         self.stream = stream if stream is not None else sys.stderr
         self.enabled = (self.stream.isatty() if enabled is None
                         else enabled)
-        self.start = time.perf_counter()
+        self._bar: Any = None
+        if self.enabled:
+            from rich.console import Console
+            from rich.progress import (BarColumn, MofNCompleteColumn,
+                                       TextColumn, TimeElapsedColumn)
+            from rich.progress import Progress as Bar
+            self._bar = Bar(
+                BarColumn(bar_width=28), MofNCompleteColumn(),
+                TimeElapsedColumn(), TextColumn("{task.description}"),
+                console=Console(file=self.stream, force_terminal=True),
+                transient=True)
+            self._task = self._bar.add_task("", total=self.total)
+            self._bar.start()
 
     def update(self, what: str) -> None:
-        if not self.enabled:
-            return
-        width = 28
-        filled = int(width * self.done / self.total)
-        bar = "#" * filled + "." * (width - filled)
-        elapsed = time.perf_counter() - self.start
-        line = (f"\r[{bar}] {self.done}/{self.total} {elapsed:5.1f}s "
-                f"{what[:40]:<40}")
-        self.stream.write(line)
-        self.stream.flush()
+        if self._bar is not None:
+            self._bar.update(self._task, completed=self.done,
+                             description=what[:40])
+            self._bar.refresh()
 
     def step(self, what: str) -> None:
         self.done += 1
         self.update(what)
 
     def close(self) -> None:
-        if self.enabled:
-            self.stream.write("\r" + " " * 100 + "\r")
-            self.stream.flush()
+        if self._bar is not None:
+            self._bar.stop()
+            self._bar = None
 
 
 # -- running -----------------------------------------------------------------
@@ -152,10 +160,6 @@ def geomean(values: Iterable[float]) -> float:
     return math.exp(sum(math.log(v) for v in vals) / len(vals))
 
 
-def _gib(n: float) -> str:
-    return f"{n / GIB:.2f}"
-
-
 def _oom_cell(r: ReplayResult) -> str:
     if r.capacity is None:
         return "-"
@@ -164,9 +168,22 @@ def _oom_cell(r: ReplayResult) -> str:
     return f"OOM@{r.oom.event}"
 
 
-COLUMNS = ("trace", "policy", "U", "W GiB", "peak GiB", "calls", "maps",
-           "stitches", "med ns", "p99 ns", "Mev/s", "cap", "drv ms",
-           "2nd calls", "2nd ms")
+def format_ns(ns: float) -> str:
+    """A duration in the unit its magnitude calls for: 84 ns, 1.25 us,
+    3.10 ms, 2.00 s (three significant digits)."""
+    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
+        if abs(ns) >= scale:
+            value = ns / scale
+            return f"{value:.{max(0, 2 - int(math.log10(abs(value))))}f} " \
+                   f"{unit}"
+    return f"{ns:.0f} ns"
+
+
+#: The table's columns. Sizes and times carry their unit in each cell,
+#: chosen by magnitude (format_bytes, format_ns).
+COLUMNS = ("trace", "policy", "U", "W", "peak", "calls", "maps",
+           "stitches", "median", "p99", "Mev/s", "cap", "driver",
+           "2nd calls", "2nd driver")
 
 
 def _ms(x: float) -> str:
@@ -179,13 +196,14 @@ def table_rows(suite: Sequence[TraceResults]) -> List[List[str]]:
         for i, r in enumerate(tr.results):
             rows.append([
                 tr.name if i == 0 else "", r.policy,
-                f"{r.utilisation:.3f}", _gib(r.waste), _gib(r.peak_reserved),
+                f"{r.utilisation:.3f}", format_bytes(r.waste),
+                format_bytes(r.peak_reserved),
                 str(r.memory_calls), str(r.calls.get("map", 0)),
                 str(r.counters.get("stitches", 0)),
-                f"{r.median_ns:.0f}", f"{r.alloc_p99_ns:.0f}",
+                format_ns(r.median_ns), format_ns(r.alloc_p99_ns),
                 f"{r.events_per_s / 1e6:.2f}", _oom_cell(r),
-                _ms(r.driver_ms), str(r.steady_calls),
-                _ms(r.steady_driver_ms)])
+                format_ns(r.driver_ms * 1e6), str(r.steady_calls),
+                format_ns(r.steady_driver_ms * 1e6)])
     return rows
 
 
@@ -202,38 +220,62 @@ def summary_rows(suite: Sequence[TraceResults]) -> List[List[str]]:
         rows.append([
             "geomean", policy,
             f"{geomean(r.utilisation for r in rs):.3f}",
-            _gib(sum(r.waste for r in rs) / len(rs)) + "*",
-            _gib(geomean(r.peak_reserved for r in rs)),
+            format_bytes(sum(r.waste for r in rs) / len(rs)) + "*",
+            format_bytes(geomean(r.peak_reserved for r in rs)),
             f"{geomean(r.memory_calls for r in rs):.0f}",
             f"{geomean(r.calls.get('map', 0) for r in rs):.0f}",
             str(sum(r.counters.get("stitches", 0) for r in rs)) + "+",
-            f"{geomean(r.median_ns for r in rs):.0f}",
-            f"{geomean(r.alloc_p99_ns for r in rs):.0f}",
+            format_ns(geomean(r.median_ns for r in rs)),
+            format_ns(geomean(r.alloc_p99_ns for r in rs)),
             f"{geomean(r.events_per_s for r in rs) / 1e6:.2f}",
             f"{ooms}/{len(capped)} OOM" if capped else "-",
-            _ms(sum(r.driver_ms for r in rs)) + "+",
+            format_ns(sum(r.driver_ms for r in rs) * 1e6) + "+",
             str(sum(r.steady_calls for r in rs)) + "+",
-            _ms(sum(r.steady_driver_ms for r in rs)) + "+"])
+            format_ns(sum(r.steady_driver_ms for r in rs) * 1e6) + "+"])
     return rows
 
 
-def format_table(rows: Sequence[Sequence[str]],
-                 header: Sequence[str] = COLUMNS) -> str:
-    widths = [len(h) for h in header]
+def grouped_rows(suite: Sequence[TraceResults]) -> List[Optional[List[str]]]:
+    """table_rows with a rule (None) after each trace, then the summary."""
+    out: List[Optional[List[str]]] = []
+    rows = table_rows(suite)
+    start = 0
+    for tr in suite:
+        out.extend(rows[start:start + len(tr.results)])
+        out.append(None)
+        start += len(tr.results)
+    out.extend(summary_rows(suite))
+    return out
+
+
+def format_table(rows: Sequence[Optional[Sequence[str]]],
+                 header: Sequence[str] = COLUMNS, left: int = 2) -> str:
+    """Plain text of a table drawn by rich: `header`, then `rows` (lists of
+    cells; None draws a rule between groups). The first `left` columns are
+    left-aligned, the others right-aligned. Any number of columns."""
+    from rich import box
+    from rich.console import Console
+    from rich.table import Table
+    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
+                  padding=(0, 1), header_style="", expand=False)
+    for i, name in enumerate(header):
+        table.add_column(name, justify="left" if i < left else "right",
+                         no_wrap=True)
+    pending_rule = False
     for row in rows:
-        for i, cell in enumerate(row):
-            widths[i] = max(widths[i], len(cell))
-
-    def line(cells: Sequence[str]) -> str:
-        parts = []
-        for i, cell in enumerate(cells):
-            parts.append(cell.ljust(widths[i]) if i < 2
-                         else cell.rjust(widths[i]))
-        return "  ".join(parts).rstrip()
-
-    out = [line(header), line(["-" * w for w in widths])]
-    out.extend(line(r) for r in rows)
-    return "\n".join(out)
+        if row is None:
+            pending_rule = True
+            continue
+        if pending_rule:
+            table.add_section()
+            pending_rule = False
+        table.add_row(*row)
+    text = io.StringIO()
+    Console(file=text, width=1000, color_system=None, force_terminal=False,
+            legacy_windows=False).print(table)
+    # (a section is a blank line in this box style)
+    return "\n".join(line.rstrip()
+                     for line in text.getvalue().splitlines()).strip("\n")
 
 
 @dataclasses.dataclass

@@ -67,6 +67,7 @@ from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
                     Set, Tuple)
 
 from jaxlake._src.errors import JaxlakeError
+from jaxlake._src.options import format_bytes
 
 #: Bundled GPU target configs, by name (jaxlake/_src/trace/data/NAME.txtpb).
 DEFAULT_TARGET = "h100_sxm"
@@ -107,10 +108,49 @@ def target_config(target: str = DEFAULT_TARGET) -> str:
 _TOPOLOGIES: Dict[Tuple[str, int], List[Any]] = {}
 
 
+#: What `pip install 'jaxlake[record]'` brings: the CUDA plugin and PJRT
+#: at jaxlib's version (either CUDA major version serves).
+PLUGINS = (("jax-cuda12-plugin", "jax-cuda12-pjrt"),
+           ("jax-cuda13-plugin", "jax-cuda13-pjrt"))
+
+
+def plugin_problem() -> Optional[str]:
+    """Why device-less CUDA compilation cannot work in this environment
+    (a plugin package missing, or not at jaxlib's version), or None."""
+    from importlib import metadata
+
+    def version(dist: str) -> Optional[str]:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return None
+
+    jaxlib = version("jaxlib")
+    if jaxlib is None:
+        return "jaxlib is not installed"
+    found = [(names, [version(n) for n in names]) for names in PLUGINS]
+    for names, versions in found:
+        if all(v == jaxlib for v in versions):
+            return None
+    for names, versions in found:
+        if any(versions):
+            return ", ".join(f"{n} {v or 'missing'}"
+                             for n, v in zip(names, versions)) + \
+                f" with jaxlib {jaxlib}: they must be jaxlib's version"
+    return "the CUDA plugin (jax-cuda12-plugin, jax-cuda12-pjrt) is not " \
+        "installed"
+
+
 def gpu_devices(count: int, target: str = DEFAULT_TARGET) -> List[Any]:
     """`count` compile-only CUDA devices for `target` (cached)."""
     key = (target, count)
     if key not in _TOPOLOGIES:
+        problem = plugin_problem()
+        if problem is not None:
+            raise RecorderError(
+                f"the recorder compiles for the GPU without one, through "
+                f"JAX's CUDA plugin, and {problem}: pip install "
+                "'jaxlake[record]' (no GPU or NVIDIA library needed)")
         from jax.experimental import topologies
         spec = target_config(target)
         try:
@@ -122,7 +162,7 @@ def gpu_devices(count: int, target: str = DEFAULT_TARGET) -> List[Any]:
                 "device-less CUDA compilation is not available: "
                 f"{type(e).__name__}: {e}. The recorder needs "
                 "jax-cuda12-plugin and jax-cuda12-pjrt of the same version "
-                "as jaxlib (pip install 'jaxlake[examples]'); no GPU or "
+                "as jaxlib: pip install 'jaxlake[record]'; no GPU or "
                 "driver is needed, but without one JAX_PLATFORMS=cpu (or "
                 "jax.config.update('jax_platforms', 'cpu')) must be set "
                 "before jax starts, or the CUDA plugin fails its driver "
@@ -790,7 +830,7 @@ class Recorder:
         return (f"trace {self.path}: {events} events, {self.launches} "
                 f"launches, {self.compiles} GPU compiles ({self.target}, "
                 f"{self.compile_seconds:.1f}s), "
-                f"peak live {self.peak_bytes / 2**20:.1f} MiB")
+                f"peak live {format_bytes(self.peak_bytes)}")
 
     def close(self) -> None:
         """Ends the trace: allocations still live stay unfreed in it."""

@@ -74,7 +74,7 @@ class Skipped(NamedTuple):
 
 def _open_write(path: PathLike) -> io.TextIOBase:
     name = os.fspath(path)
-    if name.endswith(".gz"):
+    if name.lower().endswith(".gz"):
         raw = open(name, "wb")
         # mtime=0 and no file name in the gzip header: the same events give
         # the same bytes, so bundled traces diff cleanly.
@@ -222,13 +222,21 @@ class TraceWriter:
 # -- reading -----------------------------------------------------------------
 
 
+#: The path that means standard input to read_trace.
+STDIN = "-"
+
+
 def read_bytes(path: PathLike) -> bytes:
-    """The bytes of a trace file, decompressed when it is gzip (by its magic
-    number, whatever its name)."""
+    """The bytes of a trace file ("-": standard input), decompressed when it
+    is gzip (by its magic number, whatever its name)."""
     name = os.fspath(path)
     try:
-        with open(name, "rb") as f:
-            data = f.read()
+        if name == STDIN:
+            import sys
+            data = sys.stdin.buffer.read()
+        else:
+            with open(name, "rb") as f:
+                data = f.read()
     except OSError as e:
         raise TraceError(f"cannot read the trace: {e.strerror or e}",
                          name) from None
@@ -306,9 +314,11 @@ def _core() -> Any:
 
 
 def _base_name(path: str) -> str:
+    if path in (STDIN, "<stdin>"):
+        return "stdin"
     base = os.path.basename(path)
     for suffix in (".gz", ".jsonl", ".csv"):
-        if base.endswith(suffix):
+        if base.lower().endswith(suffix):
             base = base[: -len(suffix)]
     return base or "trace"
 
@@ -363,7 +373,8 @@ def read_trace(path: PathLike, lenient: bool = False) -> Trace:
     error in both modes.
     """
     name = os.fspath(path)
-    return parse_trace(read_bytes(name), name, lenient)
+    return parse_trace(read_bytes(name), "<stdin>" if name == STDIN else name,
+                       lenient)
 
 
 # -- converting --------------------------------------------------------------
@@ -371,7 +382,7 @@ def read_trace(path: PathLike, lenient: bool = False) -> Trace:
 
 def _write_bytes(path: PathLike, data: bytes) -> None:
     name = os.fspath(path)
-    if name.endswith(".gz"):
+    if name.lower().endswith(".gz"):
         with open(name, "wb") as raw, gzip.GzipFile(
                 filename="", mode="wb", fileobj=raw, compresslevel=6,
                 mtime=0) as f:
@@ -404,8 +415,9 @@ def write_csv(trace: Trace, path: PathLike) -> int:
 
 
 def output_format(path: PathLike) -> str:
-    """"csv" when the name ends in .csv or .csv.gz, else "jsonl"."""
-    name = os.fspath(path)
+    """"csv" when the name ends in .csv or .csv.gz (any case), else
+    "jsonl"."""
+    name = os.fspath(path).lower()
     if name.endswith(".gz"):
         name = name[:-3]
     return "csv" if name.endswith(".csv") else "jsonl"

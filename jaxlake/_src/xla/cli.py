@@ -13,7 +13,8 @@ from jaxlake._src.xla import integration as xla
 from jaxlake._src.errors import ConfigurationError
 
 JAX_DISTRIBUTIONS = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt",
-                     "jax-cuda13-plugin", "jax-cuda13-pjrt", "flax", "optax")
+                     "jax-cuda13-plugin", "jax-cuda13-pjrt", "flax", "optax",
+                     "orbax-checkpoint")
 
 
 def register(commands: Any) -> None:
@@ -34,7 +35,14 @@ def register(commands: Any) -> None:
                      help="the program and its arguments (after --)")
     run.set_defaults(func=_run)
     doctor = commands.add_parser(
-        "doctor", help="check versions, the driver, VMM support and hooks")
+        "doctor", help="check versions, the driver, VMM support and hooks",
+        description="Prints what the lake needs and what it finds: the "
+                    "versions of jaxlake, Python, JAX and its CUDA plugins, "
+                    "Flax, Optax and Orbax; the shim; the CUDA driver and "
+                    "whether each device supports virtual memory management; "
+                    "settings that would take allocations away from the "
+                    "lake; whether it is active and, by running one small "
+                    "JAX operation, whether XLA's allocations reach it.")
     doctor.add_argument("--no-jax", action="store_true",
                         help="do not start JAX to check the hooks")
     doctor.set_defaults(func=_doctor)

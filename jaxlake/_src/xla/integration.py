@@ -471,7 +471,14 @@ class Status:
             return (f"jaxlake: lake active (driver {self.driver}, CUDA "
                     f"{self.driver_version}); devices are checked when JAX "
                     "starts")
-        return f"jaxlake: lake inactive: {self.reason}"
+        return f"jaxlake: lake inactive: {short_reason(self.reason)}"
+
+
+def short_reason(reason: str) -> str:
+    """The first clause of an inactive lake's reason, for a one-line
+    message (`jaxlake doctor` and Status.reason give the whole of it)."""
+    head = reason.split(": ", 1)[0].split("; ", 1)[0].strip()
+    return head + (" (`jaxlake doctor` says more)" if head != reason else "")
 
 
 _lock = threading.Lock()
@@ -782,7 +789,7 @@ def memory_report() -> str:
     st = status()
     shim = _loaded_shim()
     if shim is None or not (st.active or shim.active):
-        return f"jaxlake: lake inactive: {st.reason}"
+        return f"jaxlake: lake inactive: {short_reason(st.reason)}"
     rows = []
     for device in shim.devices():
         s = stats(device)

@@ -1,0 +1,1 @@
+"""`jaxlake view`: the memory of a run as one self-contained HTML page."""
