@@ -366,19 +366,26 @@ class _Progress:
 
             def show() -> None:
                 shown = False
-                while not done.wait(1.0 if tty else 10.0):
-                    shown = True
-                    line = (f"compiling {name} for the GPU: "
-                            f"{time.perf_counter() - started:.0f}s")
-                    if tty:
+                while not done.wait(1.0):
+                    seconds = time.perf_counter() - started
+                    line = f"compiling {name} for the GPU: {seconds:.0f}s"
+                    if self.bar is not None:
+                        self.bar.set_description_str(line)
+                    elif tty:
                         sys.stderr.write("\r" + line)
-                    else:
-                        sys.stderr.write(line + "\n")
+                    elif not shown or round(seconds) % 10 == 0:
+                        sys.stderr.write(line + "\n")  # a log: fewer lines
+                    shown = True
                     sys.stderr.flush()
-                if shown:
-                    sys.stderr.write(
-                        ("\r" if tty else "") + f"compiled {name} in "
-                        f"{time.perf_counter() - started:.1f}s\n")
+                if not shown:
+                    return
+                line = (f"compiled {name} in "
+                        f"{time.perf_counter() - started:.1f}s")
+                if self.bar is not None:
+                    self.bar.set_description_str("")
+                    self.bar.write(line, file=sys.stderr)
+                else:
+                    sys.stderr.write(("\r" if tty else "") + line + "\n")
 
             ticker = threading.Thread(target=show, daemon=True)
             ticker.start()
