@@ -77,14 +77,12 @@ def assert_falls(losses: Dict[int, float]) -> None:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
-    """16 steps of train_lm.py with checkpoints at 8 and 16 and a trace."""
+    """16 steps of train_lm.py with checkpoints at 8 and 16."""
     d = tmp_path_factory.mktemp("lm")
-    paths = {"ckpt": d / "ckpt", "log": d / "log.jsonl",
-             "trace": d / "lm.jsonl.gz"}
+    paths = {"ckpt": d / "ckpt", "log": d / "log.jsonl"}
     done = run("train_lm.py", "--steps", "16", "--ckpt-dir",
                str(paths["ckpt"]), "--ckpt-every", "8", "--eval-every", "8",
-               "--log-json", str(paths["log"]), "--trace",
-               str(paths["trace"]))
+               "--log-json", str(paths["log"]))
     paths["stdout"] = d / "stdout.txt"
     paths["stdout"].write_text(done.stdout)
     return paths
@@ -146,10 +144,36 @@ def test_resume_refuses_another_preset(trained: Dict[str, Path]) -> None:
     assert "--preset small" in done.stderr and "tiny" in done.stderr
 
 
-def test_trace_is_what_replay_reads(trained: Dict[str, Path]) -> None:
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory
+             ) -> subprocess.CompletedProcess:
+    """16 steps of train_lm.py --compile-only --trace, with its progress
+    shown (no --no-progress): the H100 compiles, nothing run."""
+    trace = tmp_path_factory.mktemp("co") / "lm.jsonl.gz"
+    cmd = [sys.executable, str(EXAMPLES / "train_lm.py"), "--compile-only",
+           "--trace", str(trace), "--steps", "16", "--eval-every", "8"]
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True,
+                          timeout=TIMEOUT, cwd=str(ROOT))
+    assert done.returncode == 0, done.stderr[-3000:]
+    done.trace = trace  # type: ignore[attr-defined]
+    return done
+
+
+def test_compile_only_shows_compiles_and_no_loss(
+        compiled: subprocess.CompletedProcess) -> None:
+    # The train step's GPU compile takes seconds: it is shown, with time.
+    assert re.search(r"compiled train_step in [0-9.]+s", compiled.stderr), \
+        compiled.stderr[-3000:]
+    assert "loss" not in compiled.stderr and "tok/s" not in compiled.stderr
+    assert "nothing ran, so there is no loss" in compiled.stdout
+
+
+def test_trace_is_what_replay_reads(
+        compiled: subprocess.CompletedProcess) -> None:
     from jaxlake._src.trace.tracefile import read_trace
-    trace = read_trace(trained["trace"])
+    trace = read_trace(compiled.trace)  # type: ignore[attr-defined]
     assert trace.source == "recorder"
+    assert trace.meta["mode"] == "compile-only"
     assert trace.meta["preset"] == "tiny"
     assert trace.meta["target"] == "h100_sxm"
     assert trace.meta["scan_layers"] is True
@@ -166,11 +190,13 @@ def test_trace_is_what_replay_reads(trained: Dict[str, Path]) -> None:
     assert len(temps) >= 16
 
 
-def test_jaxlake_replay_reads_the_trace(trained: Dict[str, Path]) -> None:
+def test_jaxlake_replay_reads_the_trace(
+        compiled: subprocess.CompletedProcess) -> None:
+    trace = compiled.trace  # type: ignore[attr-defined]
     done = subprocess.run(
-        [sys.executable, "-m", "jaxlake", "replay", str(trained["trace"]),
+        [sys.executable, "-m", "jaxlake", "replay", str(trace),
          "--policy", "jaxlake,bfc"], capture_output=True, text=True,
-        timeout=TIMEOUT, cwd=str(trained["trace"].parent))
+        timeout=TIMEOUT, cwd=str(trace.parent))
     if "invalid choice: 'replay'" in done.stderr:
         pytest.skip("this jaxlake has no `replay` command yet")
     assert done.returncode == 0, done.stderr[-3000:]
@@ -184,22 +210,6 @@ def test_unrolled_remat_accumulation_buckets_eval(tmp_path: Path) -> None:
         "--eval-every", "6", "--log-json", str(out))
     assert_falls(train_losses(out))
     assert sorted(eval_losses(out)) == [0, 6, 12]
-
-
-def test_compile_only_shows_compiles_and_no_loss(tmp_path: Path) -> None:
-    trace = tmp_path / "co.jsonl.gz"
-    cmd = [sys.executable, str(EXAMPLES / "train_lm.py"), "--compile-only",
-           "--trace", str(trace), "--steps", "3", "--remat", "full"]
-    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True,
-                          timeout=TIMEOUT, cwd=str(ROOT))
-    assert done.returncode == 0, done.stderr[-3000:]
-    # The train step's GPU compile takes seconds: it is shown, with time.
-    assert re.search(r"compiled train_step in [0-9.]+s", done.stderr), \
-        done.stderr[-3000:]
-    assert "loss" not in done.stderr and "tok/s" not in done.stderr
-    assert "nothing ran, so there is no loss" in done.stdout
-    from jaxlake._src.trace.tracefile import read_trace
-    assert read_trace(trace).meta["mode"] == "compile-only"
 
 
 def test_lora_finetune(trained: Dict[str, Path], tmp_path: Path) -> None:
@@ -264,7 +274,7 @@ def test_sharded_on_8_cpu_devices(layout: str, tmp_path: Path) -> None:
         [sys.executable, "-c", _SHARDINGS, str(EXAMPLES), "--no-progress",
          "--layout", layout, "--steps", "8", "--batch", "16", "--log-json",
          str(out)], env=_env(), capture_output=True, text=True,
-        timeout=TIMEOUT, cwd=str(ROOT))
+        timeout=TIMEOUT, cwd=str(tmp_path))  # not ROOT: the installed jaxlake
     assert done.returncode == 0, done.stderr[-3000:]
     assert "over 8 cpu devices" in done.stdout
     assert_falls(train_losses(out))
