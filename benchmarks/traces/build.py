@@ -84,8 +84,8 @@ SUITE: List[Spec] = [
          "tensor parallel, mesh data 2 x model 4"),
     Spec("lm-small-per-tensor", "train_lm.py",
          _SMALL + ("--steps", "4", "--no-scan-layers", "--trace-per-tensor"),
-         "one allocation per XLA logical buffer: an eager (PyTorch-like) "
-         "workload"),
+         "one allocation per XLA logical buffer (layers unrolled): an "
+         "eager (PyTorch-like) workload"),
     Spec("lm-base", "train_lm.py", ("--preset", "base") + _BIG,
          "85M parameters, compile-only"),
     Spec("lm-1b", "train_lm.py", ("--preset", "1b") + _BIG,
@@ -101,7 +101,7 @@ SUITE: List[Spec] = [
     Spec("lm-7b-remat-full-fsdp-8dev", "train_sharded.py",
          ("--preset", "7b", "--layout", "fsdp", "--remat", "full",
           "--batch", "8") + _BIG,
-         "6.4B parameters, scanned, FSDP over 8 devices (12.8 GB of "
+         "6.4B parameters, scanned, FSDP over 8 devices (9.6 GB of "
          "parameters and adam state per device), compile-only"),
 ]
 
