@@ -155,7 +155,7 @@ def compiled(tmp_path_factory: pytest.TempPathFactory
     shown (no --no-progress): the H100 compiles, nothing run."""
     trace = tmp_path_factory.mktemp("co") / "lm.jsonl.gz"
     cmd = [sys.executable, str(EXAMPLES / "train_lm.py"), "--compile-only",
-           "--trace", str(trace), "--steps", "16", "--eval-every", "8"]
+           "--trace", str(trace), "--steps", "16"]
     done = subprocess.run(cmd, env=_env(), capture_output=True, text=True,
                           timeout=TIMEOUT, cwd=str(ROOT))
     assert done.returncode == 0, done.stderr[-3000:]
