@@ -22,13 +22,20 @@ def _options(pairs: List[str]) -> Dict[str, str]:
 
 def start(enabled: bool, option_pairs: Optional[List[str]] = None) -> Any:
     """Calls jaxlake.configure(**options) when `enabled`; returns its status
-    (or None when disabled) after printing why the lake is inactive."""
+    (or None when disabled) after printing, in one line, why the lake is
+    inactive. A bad option ends the program with a one-line error."""
     if not enabled:
         return None
     import jaxlake
-    status = jaxlake.configure(**_options(option_pairs or []))
+    try:
+        status = jaxlake.configure(**_options(option_pairs or []))
+    except jaxlake.JaxlakeError as e:
+        raise SystemExit(f"error: --jaxlake-option: {e}") from None
     if not status.active:
-        print(f"jaxlake: lake inactive: {status.reason}", flush=True)
+        # The reason's first clause; `jaxlake doctor` gives all of it.
+        reason = str(status.reason).split(":")[0].strip()
+        print(f"jaxlake: lake inactive: {reason} (--no-jaxlake hides "
+              "this; `jaxlake doctor` says more)", flush=True)
     return status
 
 

@@ -1,9 +1,14 @@
 """The command line and the training loop the examples share.
 
-The model is in _model.py, the text in _data.py. optax adamw with warm-up
-plus cosine decay and gradient clipping, gradient accumulation, sequence
-buckets, interleaved evaluation, orbax checkpoints, and the trace recorder
-(jaxlake/_src/trace/recorder.py) behind --trace.
+The model is in _model.py, the text in _data.py. The loop follows Flax's
+functional NNX pattern: the model and its nnx.Optimizer are split once into
+a graph definition and State pytrees, and each step is a jax.jit function
+State -> State that merges them back (nnx.merge), takes nnx.value_and_grad
+and calls optimizer.update. States are donated and carry NamedShardings on
+a mesh. optax adamw with warm-up plus cosine decay and gradient clipping;
+gradient accumulation with optax.MultiSteps; sequence buckets; interleaved
+evaluation; orbax checkpoints that record their model; and jaxlake.Recorder
+behind --trace.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ import dataclasses
 import json
 import os
 import sys
+import threading
 import time
 from contextlib import nullcontext
 from typing import Any, Callable, Dict, List, Optional, Tuple
@@ -22,18 +28,27 @@ if "JAX_PLATFORMS" not in os.environ and not os.path.exists("/dev/nvidiactl"):
     os.environ["JAX_PLATFORMS"] = "cpu"
 
 import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 import optax  # noqa: E402
+from flax import nnx, traverse_util  # noqa: E402
+from jax.sharding import NamedSharding  # noqa: E402
 from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from _data import Batches, corpus  # noqa: E402
-from _model import (LAYOUTS, LM, PRESETS, REMAT_POLICIES,  # noqa: E402
-                    ModelConfig, flatten, is_lora, loss_fn, param_spec)
+from _model import (ATTENTION, LAYOUTS, LM, PRESETS,  # noqa: E402
+                    REMAT_POLICIES, ModelConfig, loss_fn, state_specs)
 
 #: What the example scripts use.
-__all__ = ["LAYOUTS", "PRESETS", "Setup", "add_args", "check_args",
-           "load_params", "positive_int", "train"]
+__all__ = ["ATTENTION", "LAYOUTS", "PRESETS", "Formatter", "Setup",
+           "add_args", "check_args", "positive_int", "train"]
+
+#: The file in a checkpoint folder that records the model it holds.
+MODEL_FILE = "model.json"
+DEFAULT_PRESET = "tiny"
+
+
+class Formatter(argparse.RawDescriptionHelpFormatter):
+    """Keeps the module docstring's layout in --help."""
 
 
 # -- command line ------------------------------------------------------------
@@ -64,72 +79,141 @@ def int_list(text: str) -> List[int]:
 
 
 def add_args(parser: argparse.ArgumentParser) -> None:
-    """The options every example shares."""
+    """The options every example shares. Every help says its default."""
     m = parser.add_argument_group("model")
-    m.add_argument("--preset", default="tiny", choices=list(PRESETS),
-                   help="model size (default: tiny, for CPU tests)")
+    m.add_argument("--preset", default=None, choices=list(PRESETS),
+                   help="model size (default: the checkpoint's when "
+                        f"resuming or fine-tuning, else {DEFAULT_PRESET})")
+    m.add_argument("--scan-layers", action=argparse.BooleanOptionalAction,
+                   default=None,
+                   help="run the blocks as one nnx.scan over stacked "
+                        "layers, or unrolled (default: the checkpoint's, "
+                        "else scanned)")
     m.add_argument("--remat", default="none", choices=list(REMAT_POLICIES),
-                   help="rematerialisation policy of each block")
-    m.add_argument("--dtype", default="float32",
-                   choices=["float32", "bfloat16"],
-                   help="compute dtype (parameters stay float32)")
+                   help="nnx.remat policy of each block (default: none)")
+    m.add_argument("--attention", default="auto", choices=list(ATTENTION),
+                   help="jax.nn.dot_product_attention implementation "
+                        "(default: auto: cudnn on a GPU, xla elsewhere)")
+    m.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
+                   help="compute dtype; parameters stay float32 (default: "
+                        "bfloat16 on a GPU, float32 elsewhere)")
     t = parser.add_argument_group("training")
-    t.add_argument("--steps", type=positive_int, default=20)
+    t.add_argument("--steps", type=positive_int, default=20,
+                   help="optimizer steps to train to (default: 20)")
     t.add_argument("--batch", type=positive_int, default=None,
                    help="sequences per optimizer step (default: preset's)")
     t.add_argument("--seq-len", type=positive_int, default=None,
                    help="sequence length (default: preset's)")
     t.add_argument("--seq-buckets", type=int_list, default=None,
                    metavar="L1,L2,...",
-                   help="draw each step's sequence length from these")
+                   help="draw each step's sequence length from these "
+                        "(default: --seq-len only)")
     t.add_argument("--grad-accum", type=positive_int, default=1,
-                   help="micro-batches per optimizer step")
+                   help="micro-batches per optimizer step, accumulated by "
+                        "optax.MultiSteps (default: 1)")
     t.add_argument("--lr", type=float, default=None,
                    help="peak learning rate (default: preset's)")
     t.add_argument("--warmup", type=int, default=None,
                    help="warm-up steps (default: a tenth of --steps)")
     t.add_argument("--clip", type=float, default=1.0,
-                   help="gradient clipping by global norm")
-    t.add_argument("--weight-decay", type=float, default=0.1)
+                   help="gradient clipping by global norm (default: 1.0)")
+    t.add_argument("--weight-decay", type=float, default=0.1,
+                   help="adamw weight decay (default: 0.1)")
     t.add_argument("--eval-every", type=int, default=0,
-                   help="evaluate every N steps (0: never)")
-    t.add_argument("--eval-batches", type=positive_int, default=2)
-    t.add_argument("--seed", type=int, default=0)
+                   help="evaluate every N steps (default: 0, never)")
+    t.add_argument("--eval-batches", type=positive_int, default=2,
+                   help="batches per evaluation (default: 2)")
+    t.add_argument("--seed", type=int, default=0,
+                   help="seed of the initial weights and of the batches "
+                        "(default: 0)")
     c = parser.add_argument_group("checkpoints")
     c.add_argument("--ckpt-dir", default=None,
-                   help="orbax checkpoint folder; a run resumes from it")
+                   help="orbax checkpoint folder; a run resumes from it "
+                        "(default: none, no checkpoints)")
     c.add_argument("--ckpt-every", type=int, default=0,
-                   help="save every N steps (and at the end)")
+                   help="save every N steps and at the end (default: 0, "
+                        "never)")
     c.add_argument("--resume-step", type=int, default=None,
                    help="resume from this saved step (default: the latest)")
     r = parser.add_argument_group("jaxlake")
     r.add_argument("--jaxlake", action=argparse.BooleanOptionalAction,
                    default=True,
-                   help="serve device memory from the lake (GPU only)")
+                   help="serve device memory from the lake, GPU only "
+                        "(default: on)")
     r.add_argument("--jaxlake-option", action="append", default=[],
                    metavar="NAME=VALUE",
-                   help="option for jaxlake.configure (repeatable)")
+                   help="option for jaxlake.configure, repeatable; see "
+                        "`jaxlake options` (default: none)")
     r.add_argument("--trace", default=None, metavar="OUT",
                    help="record the allocation trace (GPU-faithful, made "
-                        "without a GPU) to OUT (.jsonl or .jsonl.gz)")
+                        "without a GPU) to OUT, .jsonl or .jsonl.gz "
+                        "(default: none)")
     r.add_argument("--trace-per-tensor", action="store_true",
                    help="record every XLA logical buffer as its own "
-                        "allocation (an eager-like trace)")
+                        "allocation, an eager-like trace (default: off)")
     r.add_argument("--compile-only", action="store_true",
-                   help="with --trace: compile for the GPU, run nothing "
-                        "(for models too big for the CPU)")
+                   help="with --trace: compile for the GPU, run nothing, "
+                        "for models too big for the CPU (default: off)")
     r.add_argument("--trace-name", default=None,
                    help="the trace's name (default: from the options)")
     o = parser.add_argument_group("output")
     o.add_argument("--log-json", default=None, metavar="PATH",
-                   help="write one JSON line per step (loss, eval loss)")
+                   help="append one JSON line per step (loss, eval loss) "
+                        "and a memory summary (default: none)")
     o.add_argument("--no-progress", action="store_true",
-                   help="no progress bar")
+                   help="no progress bar (default: a bar on stderr)")
 
 
-def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace
-               ) -> None:
-    """Checks that need no devices; errors name the value and what works."""
+def _writable(parser: argparse.ArgumentParser, flag: str, path: str) -> None:
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        parser.error(f"{flag} {path}: the folder {folder} does not exist: "
+                     "create it or give a path in an existing folder")
+    if not os.access(folder, os.W_OK):
+        parser.error(f"{flag} {path}: the folder {folder} is not writable")
+
+
+def saved_model(folder: Optional[str]) -> Dict[str, Any]:
+    """The model a checkpoint folder records ({} when it records none)."""
+    if not folder:
+        return {}
+    path = os.path.join(folder, MODEL_FILE)
+    try:
+        with open(path, encoding="utf-8") as f:
+            return dict(json.load(f))
+    except FileNotFoundError:
+        return {}
+    except (OSError, ValueError) as e:
+        raise SystemExit(f"error: cannot read {path}: {e}") from None
+
+
+def resolve_model(parser: argparse.ArgumentParser, args: argparse.Namespace,
+                  folder: Optional[str], flag: str) -> None:
+    """--preset and --scan-layers: given, else the checkpoint's, else the
+    defaults; a given value that contradicts the checkpoint is refused."""
+    saved = saved_model(folder)
+    for name, option, default in (("preset", "--preset", DEFAULT_PRESET),
+                                  ("scan_layers", "--scan-layers", True)):
+        given, stored = getattr(args, name), saved.get(name)
+        if given is not None and stored is not None and given != stored:
+            shown = (lambda v: v) if name == "preset" else (
+                lambda v: "on" if v else "off")
+            parser.error(f"{option} {shown(given)} does not match the "
+                         f"checkpoint in {folder}, which holds "
+                         f"{name.replace('_', ' ')} {shown(stored)}: drop "
+                         f"{option} (it is read from the checkpoint)")
+        if given is None:
+            setattr(args, name, stored if stored is not None else default)
+
+
+def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
+               model_from: Optional[str] = None) -> None:
+    """Checks that need no devices; errors name the value and what works.
+    `model_from`: a base checkpoint whose model a fine-tune adopts."""
+    if args.resume_step is not None and not args.ckpt_dir:
+        parser.error("--resume-step needs --ckpt-dir")
+    resolve_model(parser, args, model_from or args.ckpt_dir,
+                  "--base-ckpt" if model_from else "--ckpt-dir")
     preset = PRESETS[args.preset]
     args.batch = args.batch or preset.batch
     args.seq_len = args.seq_len or preset.seq_len
@@ -147,29 +231,50 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace
                      "needs --trace OUT")
     if args.trace_per_tensor and not args.trace:
         parser.error("--trace-per-tensor needs --trace OUT")
-    if args.resume_step is not None and not args.ckpt_dir:
-        parser.error("--resume-step needs --ckpt-dir")
     if args.compile_only and args.ckpt_dir:
         parser.error("--compile-only runs nothing, so it has nothing to "
                      "checkpoint: drop --ckpt-dir")
+    if args.trace:
+        _writable(parser, "--trace", args.trace)
+    if args.log_json:
+        _writable(parser, "--log-json", args.log_json)
 
 
 def seq_lens(args: argparse.Namespace) -> List[int]:
     return list(args.seq_buckets) if args.seq_buckets else [args.seq_len]
 
 
+def on_gpu() -> bool:
+    """Whether jax will run on a GPU, told without starting it (a
+    per-tensor trace must set XLA's flags before jax starts)."""
+    platforms = os.environ.get("JAX_PLATFORMS", "").split(",")[0].strip()
+    if platforms:
+        return platforms in ("cuda", "gpu", "rocm")
+    return os.path.exists("/dev/nvidiactl")
+
+
 def model_config(args: argparse.Namespace, shard: bool = False,
                  lora_rank: int = 0, lora_alpha: float = 16.0
                  ) -> ModelConfig:
+    """The model of the options; --dtype and --attention resolved against
+    the backend jax runs on."""
     p = PRESETS[args.preset]
+    gpu = on_gpu()
+    dtype = args.dtype or ("bfloat16" if gpu else "float32")
+    attention = args.attention
+    if attention == "auto":
+        attention = "cudnn" if gpu else "xla"
     return ModelConfig(d_model=p.d_model, layers=p.layers, heads=p.heads,
                        d_ff=p.d_ff, max_len=max(seq_lens(args)),
-                       remat=args.remat, dtype=args.dtype, shard=shard,
+                       remat=args.remat, dtype=dtype, attention=attention,
+                       scan_layers=args.scan_layers, shard=shard,
                        lora_rank=lora_rank, lora_alpha=lora_alpha)
 
 
 def trace_name(args: argparse.Namespace, *extra: str) -> str:
     parts = ["lm", args.preset]
+    if not args.scan_layers:
+        parts.append("unrolled")
     if args.remat != "none":
         parts.append("remat-" + args.remat)
     if args.grad_accum > 1:
@@ -196,7 +301,8 @@ class Setup:
     is_main: bool = True              # prints, writes the trace
     lora_rank: int = 0
     lora_alpha: float = 16.0
-    base_params: Optional[Dict[str, Any]] = None   # numpy, LoRA's base
+    base_ckpt: Optional[str] = None   # LoRA's base: a train_lm.py checkpoint
+    base_step: Optional[int] = None
     corpus: str = "source"
     trace_extra: Tuple[str, ...] = ()
     meta: Dict[str, Any] = dataclasses.field(default_factory=dict)
@@ -206,9 +312,14 @@ def make_optimizer(args: argparse.Namespace) -> optax.GradientTransformation:
     schedule = optax.warmup_cosine_decay_schedule(
         init_value=0.0, peak_value=args.lr, warmup_steps=args.warmup,
         decay_steps=max(args.steps, args.warmup + 1), end_value=args.lr / 10)
-    return optax.chain(optax.clip_by_global_norm(args.clip),
-                       optax.adamw(schedule, b1=0.9, b2=0.95,
-                                   weight_decay=args.weight_decay))
+    tx = optax.chain(optax.clip_by_global_norm(args.clip),
+                     optax.adamw(schedule, b1=0.9, b2=0.95,
+                                 weight_decay=args.weight_decay))
+    if args.grad_accum > 1:
+        # Applies the mean gradient every grad_accum micro-steps; the
+        # micro-steps between leave the parameters as they are.
+        tx = optax.MultiSteps(tx, every_k_schedule=args.grad_accum)
+    return tx
 
 
 def _float(x: Any) -> float:
@@ -218,7 +329,8 @@ def _float(x: Any) -> float:
 
 
 class _Progress:
-    """A tqdm bar with loss and tokens/s; plain lines when tqdm is absent."""
+    """A tqdm bar (plain lines when tqdm is absent); in compile-only mode,
+    a line with the elapsed time while a launch compiles for the GPU."""
 
     def __init__(self, total: int, initial: int, enabled: bool) -> None:
         self.bar = None
@@ -240,6 +352,50 @@ class _Progress:
                                               for k, v in text.items()),
                   file=sys.stderr)
 
+    def compiling(self, fn: Callable[..., Any], name: str
+                  ) -> Callable[..., Any]:
+        """`fn`, showing "compiling NAME: 12s" while a call takes over a
+        second (a GPU compile; the replayed launches take no time)."""
+        if not self.enabled:
+            return fn
+
+        def call(*args: Any, **kwargs: Any) -> Any:
+            done = threading.Event()
+            started = time.perf_counter()
+            tty = sys.stderr.isatty()
+
+            def show() -> None:
+                shown = False
+                while not done.wait(1.0):
+                    seconds = time.perf_counter() - started
+                    line = f"compiling {name} for the GPU: {seconds:.0f}s"
+                    if self.bar is not None:
+                        self.bar.set_description_str(line)
+                    elif tty:
+                        sys.stderr.write("\r" + line)
+                    elif not shown or round(seconds) % 10 == 0:
+                        sys.stderr.write(line + "\n")  # a log: fewer lines
+                    shown = True
+                    sys.stderr.flush()
+                if not shown:
+                    return
+                line = (f"compiled {name} in "
+                        f"{time.perf_counter() - started:.1f}s")
+                if self.bar is not None:
+                    self.bar.set_description_str("")
+                    self.bar.write(line, file=sys.stderr)
+                else:
+                    sys.stderr.write(("\r" if tty else "") + line + "\n")
+
+            ticker = threading.Thread(target=show, daemon=True)
+            ticker.start()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                done.set()
+                ticker.join()
+        return call
+
     def close(self) -> None:
         if self.bar is not None:
             self.bar.close()
@@ -251,7 +407,6 @@ def train(args: argparse.Namespace, setup: Setup) -> Dict[str, Any]:
     mesh = setup.mesh
     cfg = model_config(args, shard=mesh is not None, lora_rank=setup.lora_rank,
                        lora_alpha=setup.lora_alpha)
-    model = LM(cfg)
     mesh_shape = dict(mesh.shape) if mesh is not None else {}
     data_parts = mesh_shape.get("data", 1)
     micro_rows = args.batch // args.grad_accum
@@ -266,19 +421,21 @@ def train(args: argparse.Namespace, setup: Setup) -> Dict[str, Any]:
 
     rec = None
     if args.trace and setup.is_main:
-        from jaxlake._src.trace.recorder import Recorder
+        import jaxlake
         meta = {"example": os.path.basename(sys.argv[0]), "preset":
                 args.preset, "params": cfg.params(), "remat": args.remat,
-                "dtype": args.dtype, "batch": args.batch, "seq_lens":
+                "scan_layers": cfg.scan_layers, "attention": cfg.attention,
+                "dtype": cfg.dtype, "batch": args.batch, "seq_lens":
                 seq_lens(args), "grad_accum": args.grad_accum, "eval_every":
                 args.eval_every, "steps": args.steps}
         meta.update(setup.meta)
-        rec = Recorder(args.trace, trace_name(args, *setup.trace_extra),
-                       mesh=mesh, compile_only=args.compile_only,
-                       per_tensor=args.trace_per_tensor, meta=meta)
-
-    def wrap(fn: Any, name: str, kinds: Any) -> Any:
-        return rec.wrap(fn, name, kinds) if rec is not None else fn
+        try:
+            rec = jaxlake.Recorder(
+                args.trace, trace_name(args, *setup.trace_extra), mesh=mesh,
+                compile_only=args.compile_only,
+                per_tensor=args.trace_per_tensor, meta=meta)
+        except (OSError, jaxlake.JaxlakeError) as e:
+            raise SystemExit(f"error: --trace {args.trace}: {e}") from None
 
     batch_spec = P("data", None) if mesh is not None else None
 
@@ -287,113 +444,103 @@ def train(args: argparse.Namespace, setup: Setup) -> Dict[str, Any]:
             return rec.device_put(batch, batch_spec)
         if mesh is None:
             return jax.device_put(batch)
-        sharding = jax.sharding.NamedSharding(mesh, batch_spec)
+        sharding = NamedSharding(mesh, batch_spec)
         return jax.make_array_from_callback(batch.shape, sharding,
                                             lambda index: batch[index])
 
     ctx = jax.set_mesh(mesh) if mesh is not None else nullcontext()
     with ctx:
-        summary = _train(args, setup, model, cfg, mesh_shape, rec, wrap, put)
+        summary = _train(args, setup, cfg, mesh_shape, rec, put)
     if rec is not None:
         summary["trace"] = rec.summary()
         rec.close()
     return summary
 
 
-def _train(args: argparse.Namespace, setup: Setup, model: LM,
-           cfg: ModelConfig, mesh_shape: Dict[str, int], rec: Any,
-           wrap: Callable[..., Any], put: Callable[[np.ndarray], Any]
-           ) -> Dict[str, Any]:
+def _train(args: argparse.Namespace, setup: Setup, cfg: ModelConfig,
+           mesh_shape: Dict[str, int], rec: Any,
+           put: Callable[[np.ndarray], Any]) -> Dict[str, Any]:
     mesh = setup.mesh
     lora = cfg.lora_rank > 0
-    sharded = mesh is not None
+    # What the optimizer trains: every parameter, or only the adapters.
+    wrt = nnx.LoRAParam if lora else nnx.Param
+    tx = make_optimizer(args)
 
-    def init(rng: jax.Array) -> Dict[str, Any]:
-        tokens = jnp.zeros((1, cfg.max_len), jnp.int32)
-        return flatten(model.init(rng, tokens)["params"])
+    # Shapes first (nothing allocated), to derive every state's sharding.
+    abstract = nnx.eval_shape(lambda: LM(cfg, nnx.Rngs(0)))
+    graphdef, abs_train, abs_frozen = nnx.split(abstract, wrt, ...)
+    abs_opt = nnx.eval_shape(lambda: nnx.Optimizer(
+        LM(cfg, nnx.Rngs(0)), tx, wrt=wrt))
+    opt_def, abs_opt_state = nnx.split(abs_opt)
 
-    shapes = jax.eval_shape(init, jax.random.PRNGKey(0))
-    specs = {k: param_spec(k, v.shape, setup.layout, mesh_shape)
-             for k, v in shapes.items()}
-    train_names = sorted(k for k in shapes if is_lora(k) == lora)
-    frozen_names = sorted(k for k in shapes if k not in train_names)
-    t_specs = {k: specs[k] for k in train_names}
-    f_specs = {k: specs[k] for k in frozen_names}
+    def specs(state: Any) -> Any:
+        return state_specs(state, setup.layout, mesh_shape, cfg.scan_layers)
 
-    def pick(tree: Dict[str, Any], names: List[str]) -> Dict[str, Any]:
-        return {k: tree[k] for k in names}
+    t_specs, f_specs, o_specs = (specs(abs_train), specs(abs_frozen),
+                                 specs(abs_opt_state))
 
-    def jit(fn: Any, out: Any = None, donate: Tuple[int, ...] = ()) -> Any:
-        if sharded and out is not None:
+    def jit(fn: Any, out: Any, donate: Tuple[int, ...] = ()) -> Any:
+        if mesh is not None:
             return jax.jit(fn, out_shardings=out, donate_argnums=donate)
         return jax.jit(fn, donate_argnums=donate)
 
-    init_train = wrap(jit(lambda r: pick(init(r), train_names), t_specs),
-                      "init", "param")
-    init_frozen = wrap(jit(lambda r: pick(init(r), frozen_names), f_specs),
-                       "init_frozen", "param")
+    def wrap(fn: Any, name: str, kinds: Any) -> Any:
+        if rec is None:
+            return fn
+        fn = rec.wrap(fn, name, kinds)
+        return progress.compiling(fn, name) if args.compile_only else fn
 
-    tx = make_optimizer(args)
-    opt_shapes = jax.eval_shape(tx.init, pick(shapes, train_names))
-    opt_specs = optax.tree_map_params(
-        tx, lambda _, spec: spec, opt_shapes, t_specs,
-        transform_non_params=lambda _: P(),
-        is_leaf=lambda x: isinstance(x, P))
-    opt_init = wrap(jit(tx.init, opt_specs), "opt_init", "opt_state")
+    def init_params(key: jax.Array) -> Any:
+        return nnx.split(LM(cfg, nnx.Rngs(key)), wrt, ...)[1]
 
-    def full(trainable: Dict[str, Any], frozen: Dict[str, Any]
-             ) -> Dict[str, Any]:
-        return {**frozen, **trainable}
+    def init_frozen(key: jax.Array) -> Any:
+        return nnx.split(LM(cfg, nnx.Rngs(key)), wrt, ...)[2]
 
-    def loss(trainable: Any, frozen: Any, batch: jax.Array) -> jax.Array:
-        return loss_fn(model, full(trainable, frozen), batch)
+    def opt_init(trainable: Any, frozen: Any) -> Any:
+        model = nnx.merge(graphdef, trainable, frozen)
+        return nnx.state(nnx.Optimizer(model, tx, wrt=wrt))
 
     def train_step(trainable: Any, opt_state: Any, frozen: Any,
                    batch: jax.Array) -> Any:
-        value, grads = jax.value_and_grad(loss)(trainable, frozen, batch)
-        updates, opt_state = tx.update(grads, opt_state, trainable)
-        return (optax.apply_updates(trainable, updates), opt_state,
-                {"loss": value, "grad_norm": optax.global_norm(grads)})
-
-    def grad_step(trainable: Any, frozen: Any, batch: jax.Array) -> Any:
-        return jax.value_and_grad(loss)(trainable, frozen, batch)[::-1]
-
-    def accum_step(acc: Any, trainable: Any, frozen: Any, batch: jax.Array
-                   ) -> Any:
-        grads, value = grad_step(trainable, frozen, batch)
-        return jax.tree.map(jnp.add, acc, grads), value
-
-    def apply_step(trainable: Any, opt_state: Any, acc: Any) -> Any:
-        grads = jax.tree.map(lambda g: g / args.grad_accum, acc)
-        updates, opt_state = tx.update(grads, opt_state, trainable)
-        return (optax.apply_updates(trainable, updates), opt_state,
-                optax.global_norm(grads))
+        model = nnx.merge(graphdef, trainable, frozen)
+        optimizer = nnx.merge(opt_def, opt_state)
+        grad_fn = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, wrt))
+        loss, grads = grad_fn(model, batch)
+        optimizer.update(model, grads)
+        return (nnx.state(model, wrt), nnx.state(optimizer),
+                {"loss": loss, "grad_norm": optax.global_norm(grads)})
 
     def eval_step(trainable: Any, frozen: Any, batch: jax.Array) -> Any:
-        return loss(trainable, frozen, batch)
+        return loss_fn(nnx.merge(graphdef, trainable, frozen), batch)
 
-    step_fn = wrap(jit(train_step, (t_specs, opt_specs, P()), (0, 1)),
+    progress = _Progress(args.steps, 0, setup.is_main and not args.no_progress)
+    init_params_fn = wrap(jit(init_params, t_specs), "init", "param")
+    init_frozen_fn = wrap(jit(init_frozen, f_specs), "init_frozen", "param")
+    opt_init_fn = wrap(jit(opt_init, o_specs), "opt_init", "opt_state")
+    step_fn = wrap(jit(train_step, (t_specs, o_specs, P()), (0, 1)),
                    "train_step", ("param", "opt_state", "output"))
-    grad_fn = wrap(jit(grad_step, (t_specs, P())), "grad_step",
-                   ("grad", "output"))
-    accum_fn = wrap(jit(accum_step, (t_specs, P()), (0,)), "accum_step",
-                    ("grad", "output"))
-    apply_fn = wrap(jit(apply_step, (t_specs, opt_specs, P()), (0, 1, 2)),
-                    "apply_step", ("param", "opt_state", "output"))
     eval_fn = wrap(jit(eval_step, P()), "eval_step", "output")
 
+    def target(abs_state: Any, spec_tree: Any) -> Any:
+        """Abstract arrays with the shardings a restore should give."""
+        def one(x: Any, spec: P) -> Any:
+            sharding = (NamedSharding(mesh, spec) if mesh is not None else
+                        jax.sharding.SingleDeviceSharding(jax.devices()[0]))
+            return jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=sharding)
+        return jax.tree.map(one, abs_state, spec_tree)
+
     # -- state: fresh, restored, or (LoRA) a base model plus new adapters --
-    key = jax.random.PRNGKey(args.seed)
-    if setup.base_params is not None:
-        frozen = _load_base(pick(shapes, frozen_names), setup.base_params,
-                            mesh, f_specs, rec)
+    key = jax.random.key(args.seed)
+    if setup.base_ckpt is not None:
+        frozen = _load_base(setup.base_ckpt, setup.base_step,
+                            target(abs_frozen, f_specs), rec)
     else:
-        frozen = init_frozen(key)
+        frozen = init_frozen_fn(key)
     start = 0
     manager = None
     restore_step = None
     if args.ckpt_dir:
-        manager = _checkpoints(args.ckpt_dir, args.ckpt_every)
+        manager = _checkpoints(args.ckpt_dir)
         restore_step = args.resume_step
         if restore_step is None:
             restore_step = manager.latest_step()
@@ -403,41 +550,34 @@ def _train(args: argparse.Namespace, setup: Setup, model: LM,
                 f"{args.ckpt_dir}: saved steps are "
                 f"{sorted(manager.all_steps()) or 'none'}")
     if restore_step is None:
-        trainable = init_train(key)
-        opt_state = opt_init(trainable)
+        trainable = init_params_fn(key)
+        opt_state = opt_init_fn(trainable, frozen)
     else:
         # Restored straight into place: nothing is initialised first.
-        def target(shapes_tree: Any, specs_tree: Any) -> Any:
-            def one(spec: Any, s: Any) -> Any:
-                sharding = (jax.sharding.NamedSharding(mesh, spec)
-                            if mesh is not None else
-                            jax.sharding.SingleDeviceSharding(
-                                jax.devices()[0]))
-                return jax.ShapeDtypeStruct(s.shape, s.dtype,
-                                            sharding=sharding)
-            return jax.tree.map(one, specs_tree, shapes_tree,
-                                is_leaf=lambda x: isinstance(x, P))
         trainable, opt_state = _restore(
-            manager, restore_step, target(pick(shapes, train_names), t_specs),
-            target(opt_shapes, opt_specs), rec)
+            manager, restore_step, target(abs_train, t_specs),
+            target(abs_opt_state, o_specs), rec)
         start = restore_step
         if setup.is_main:
             print(f"resumed from step {start} in {args.ckpt_dir}")
+    if manager is not None and setup.is_main:
+        _write_model(args)
 
     data = corpus(setup.corpus)
     split = int(len(data) * 0.95)
     lens = seq_lens(args)
     train_batches = Batches(data[:split], args.batch, lens, args.seed)
-    eval_batches = Batches(data[split:], args.batch // args.grad_accum,
-                           [max(lens)], args.seed + 1)
+    micro_rows = args.batch // args.grad_accum
+    eval_batches = Batches(data[split:], micro_rows, [max(lens)],
+                           args.seed + 1)
     if max(lens) + 2 > len(eval_batches.data):
         raise SystemExit("error: the text found is too short for "
                          f"--seq-len {max(lens)}")
-    micro_rows = args.batch // args.grad_accum
     log = open(args.log_json, "a") if args.log_json and setup.is_main \
         else None
-    progress = _Progress(args.steps, start,
-                         setup.is_main and not args.no_progress)
+    if progress.bar is not None:
+        progress.bar.reset(total=args.steps)
+        progress.bar.update(start)
     losses: Dict[int, float] = {}
     eval_loss = float("nan")
     tokens_done, t0 = 0, time.perf_counter()
@@ -458,26 +598,14 @@ def _train(args: argparse.Namespace, setup: Setup, model: LM,
                                       "eval_loss": eval_loss}) + "\n")
         for step in range(start + 1, args.steps + 1):
             batch = train_batches.get(step)
-            if args.grad_accum == 1:
+            total = 0.0
+            for micro in range(args.grad_accum):
+                rows = batch[micro * micro_rows:(micro + 1) * micro_rows]
                 trainable, opt_state, metrics = step_fn(
-                    trainable, opt_state, frozen, put(batch))
-                loss_value = _float(metrics["loss"])
+                    trainable, opt_state, frozen, put(rows))
+                total += _float(metrics["loss"])
                 del metrics
-            else:
-                acc = None
-                total = 0.0
-                for micro in range(args.grad_accum):
-                    rows = batch[micro * micro_rows:(micro + 1) * micro_rows]
-                    if acc is None:
-                        acc, value = grad_fn(trainable, frozen, put(rows))
-                    else:
-                        acc, value = accum_fn(acc, trainable, frozen,
-                                              put(rows))
-                    total += _float(value)
-                    del value
-                trainable, opt_state, _ = apply_fn(trainable, opt_state, acc)
-                del acc, _
-                loss_value = total / args.grad_accum
+            loss_value = total / args.grad_accum
             losses[step] = loss_value
             tokens_done += batch.shape[0] * (batch.shape[1] - 1)
             record: Dict[str, Any] = {"step": step, "loss": loss_value}
@@ -487,14 +615,16 @@ def _train(args: argparse.Namespace, setup: Setup, model: LM,
             if manager is not None and args.ckpt_every and (
                     step % args.ckpt_every == 0 or step == args.steps):
                 _save(manager, step, trainable, opt_state)
-            elapsed = max(time.perf_counter() - t0, 1e-9)
-            text = {"loss": "n/a" if args.compile_only
-                    else f"{loss_value:.3f}",
-                    "tok/s": f"{tokens_done / elapsed:,.0f}"}
-            if "eval_loss" in record:
-                text["eval"] = f"{eval_loss:.3f}"
+            if args.compile_only:
+                text = {"seq": str(batch.shape[1] - 1)}
+            else:
+                elapsed = max(time.perf_counter() - t0, 1e-9)
+                text = {"loss": f"{loss_value:.3f}",
+                        "tok/s": f"{tokens_done / elapsed:,.0f}"}
+                if "eval_loss" in record:
+                    text["eval"] = f"{eval_loss:.3f}"
             progress.update(step, text)
-            if log is not None:
+            if log is not None and not args.compile_only:
                 log.write(json.dumps(record) + "\n")
                 log.flush()
     finally:
@@ -504,22 +634,36 @@ def _train(args: argparse.Namespace, setup: Setup, model: LM,
         if manager is not None:
             manager.wait_until_finished()
             manager.close()
-    if setup.is_main and losses and not args.compile_only:
+    if setup.is_main and losses and args.compile_only:
+        print(f"compile-only: drove {len(losses)} steps; nothing ran, so "
+              "there is no loss")
+    elif setup.is_main and losses:
         first, last = losses[min(losses)], losses[max(losses)]
         print(f"loss {first:.4f} -> {last:.4f} over steps "
               f"{min(losses)}..{max(losses)}; {tokens_done} tokens in "
               f"{time.perf_counter() - t0:.1f}s")
     return {"losses": losses, "eval_loss": eval_loss,
-            "params": cfg.params(), "trainable": trainable}
+            "params": cfg.params(), "trainable": trainable,
+            "opt_state": opt_state, "frozen": frozen}
 
 
 # -- checkpoints (orbax) -----------------------------------------------------
 
 
-def _checkpoints(folder: str, every: int) -> Any:
+def _checkpoints(folder: str) -> Any:
     import orbax.checkpoint as ocp
     options = ocp.CheckpointManagerOptions(max_to_keep=3, create=True)
     return ocp.CheckpointManager(os.path.abspath(folder), options=options)
+
+
+def _write_model(args: argparse.Namespace) -> None:
+    """Records the model in the checkpoint folder, so that a resume or a
+    fine-tune need not repeat --preset and --scan-layers."""
+    with open(os.path.join(args.ckpt_dir, MODEL_FILE), "w",
+              encoding="utf-8") as f:
+        json.dump({"preset": args.preset, "scan_layers": args.scan_layers},
+                  f)
+        f.write("\n")
 
 
 def _save(manager: Any, step: int, trainable: Any, opt_state: Any) -> None:
@@ -540,37 +684,10 @@ def _restore(manager: Any, step: int, params: Any, opt_state: Any,
     return state["params"], state["opt_state"]
 
 
-def _load_base(frozen: Dict[str, Any], base: Dict[str, Any], mesh: Any,
-               specs: Dict[str, Any], rec: Any) -> Dict[str, Any]:
-    """LoRA's frozen weights from a pre-trained parameter dict."""
-    missing = sorted(set(frozen) - set(base))
-    if missing:
-        raise SystemExit(
-            "error: the base checkpoint does not match this preset: it lacks "
-            f"{missing[:3]}{' ...' if len(missing) > 3 else ''}; give the "
-            "--preset the base model was trained with")
-    out = {}
-    for k, v in frozen.items():
-        value = np.asarray(base[k])
-        if value.shape != tuple(v.shape):
-            raise SystemExit(
-                f"error: base parameter {k} has shape {value.shape}, this "
-                f"preset wants {tuple(v.shape)}: give the --preset the base "
-                "model was trained with")
-        if rec is not None:
-            out[k] = rec.device_put(value, specs[k] if mesh is not None
-                                    else None, kind="param")
-        elif mesh is not None:
-            sharding = jax.sharding.NamedSharding(mesh, specs[k])
-            out[k] = jax.make_array_from_callback(
-                value.shape, sharding, lambda index, value=value: value[index])
-        else:
-            out[k] = jax.device_put(value)
-    return out
-
-
-def load_params(folder: str, step: Optional[int] = None) -> Dict[str, Any]:
-    """The parameters of a train_lm.py checkpoint, as numpy arrays."""
+def _load_base(folder: str, step: Optional[int], target: Any, rec: Any
+               ) -> Any:
+    """LoRA's frozen weights: the parameters of a train_lm.py checkpoint,
+    placed with the shardings of `target` (abstract arrays)."""
     import orbax.checkpoint as ocp
     manager = ocp.CheckpointManager(os.path.abspath(folder))
     step = manager.latest_step() if step is None else step
@@ -579,5 +696,29 @@ def load_params(folder: str, step: Optional[int] = None) -> Dict[str, Any]:
                          "examples/train_lm.py --ckpt-dir DIR --ckpt-every N")
     state = manager.restore(step, args=ocp.args.StandardRestore())
     manager.close()
-    params = state["params"] if "params" in state else state
-    return {k: np.asarray(v) for k, v in flatten(params).items()}
+    sep = "/"
+    base = traverse_util.flatten_dict(state["params"], sep=sep)
+    base = {k.removesuffix(sep + "value"): v for k, v in base.items()}
+    wanted = traverse_util.flatten_dict(nnx.to_pure_dict(target))
+    missing = [k for k in wanted if sep.join(map(str, k)) not in base]
+    if missing:
+        names = [sep.join(map(str, k)) for k in missing[:3]]
+        raise SystemExit(
+            f"error: the base checkpoint in {folder} does not match this "
+            f"model: it lacks {names}{' ...' if len(missing) > 3 else ''}")
+    values = {}
+    for k, abstract in wanted.items():
+        value = np.asarray(base[sep.join(map(str, k))])
+        if value.shape != tuple(abstract.shape):
+            raise SystemExit(
+                f"error: base parameter {sep.join(map(str, k))} has shape "
+                f"{value.shape}, this model wants {tuple(abstract.shape)}")
+        if rec is not None:
+            values[k] = rec.device_put(value, abstract.sharding, kind="param")
+        else:
+            values[k] = jax.make_array_from_callback(
+                value.shape, abstract.sharding,
+                lambda index, value=value: value[index])
+    frozen = jax.tree.map(lambda x: x, target)  # a copy to fill in
+    nnx.replace_by_pure_dict(frozen, traverse_util.unflatten_dict(values))
+    return frozen

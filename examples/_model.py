@@ -1,20 +1,24 @@
-"""The decoder-only transformer LM (Flax linen), its size presets,
+"""The decoder-only transformer LM (Flax NNX), its size presets,
 rematerialisation policies and sharding layouts.
 
-Parameters travel as flat dicts {"block_0/q/kernel": array}, which keeps
-sharding rules, LoRA's trainable/frozen split and orbax checkpoints simple.
+The blocks are either scanned (one Block whose parameters carry a leading
+layer axis, made with nnx.vmap and run with nnx.scan: one compiled body for
+every layer, as large-model trainers do) or unrolled (an nnx.List of
+Blocks). Rematerialisation is nnx.remat with a jax.checkpoint_policies policy,
+applied to the block (inside the scanned body when scanned). Attention is
+jax.nn.dot_product_attention: cuDNN's fused kernel on a GPU, XLA's on a CPU.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from typing import Any, Dict, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Optional, Sequence
 
-import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import optax
+from flax import nnx
 from jax.ad_checkpoint import checkpoint_name
 from jax.sharding import PartitionSpec as P
 
@@ -55,6 +59,10 @@ REMAT_POLICIES: Dict[str, Optional[str]] = {
     "attn-mlp-out-saveable": "names",   # keep attention and MLP outputs
 }
 
+#: --attention choices: jax.nn.dot_product_attention's implementation.
+#: "auto" is cuDNN's fused kernel on a GPU and XLA's elsewhere.
+ATTENTION = ("auto", "cudnn", "xla")
+
 
 def remat_policy(name: str) -> Any:
     kind = REMAT_POLICIES[name]
@@ -72,15 +80,22 @@ class ModelConfig:
     d_ff: int
     max_len: int
     remat: str = "none"
-    dtype: str = "float32"
-    shard: bool = False      # add sharding constraints (needs a mesh)
+    dtype: str = "float32"       # compute dtype; parameters stay float32
+    attention: str = "xla"       # "xla" or "cudnn" (resolved, not "auto")
+    scan_layers: bool = True
+    shard: bool = False          # add sharding constraints (needs a mesh)
     lora_rank: int = 0
     lora_alpha: float = 16.0
 
     def params(self) -> int:
         d, f = self.d_model, self.d_ff
-        block = 4 * d * d + 2 * d * f + 4 * d
-        return VOCAB * d + self.max_len * d + self.layers * block + 2 * d
+        block = 4 * d * d + 2 * d * f + 2 * d
+        lora = 0
+        if self.lora_rank:
+            r = self.lora_rank
+            lora = 4 * r * (d + d) + r * (d + f) + r * (f + d)
+        return (VOCAB * d + self.max_len * d + self.layers * (block + lora)
+                + d)
 
 
 # -- the model ---------------------------------------------------------------
@@ -92,122 +107,133 @@ def _constrain(x: jax.Array, cfg: ModelConfig, *spec: Any) -> jax.Array:
     return jax.lax.with_sharding_constraint(x, P(*spec))
 
 
-class Linear(nn.Module):
-    """x[..., *in] @ kernel[*in, *features], with an optional LoRA adapter
-    (A: [*in, r], B: [r, *features], B starting at zero)."""
+class ScaledLoRALinear(nnx.LoRALinear):
+    """nnx.LoRALinear with the usual alpha / rank scale on the adapter's
+    output (nnx.LoRA itself adds x @ A @ B unscaled)."""
 
-    features: Tuple[int, ...]
-    in_dims: int
-    cfg: ModelConfig
+    def __init__(self, in_features: int, out_features: int, *,
+                 lora_rank: int, alpha: float, **kwargs: Any) -> None:
+        super().__init__(in_features, out_features, lora_rank=lora_rank,
+                         **kwargs)
+        self.scale = alpha / lora_rank
 
-    @nn.compact
-    def __call__(self, x: jax.Array) -> jax.Array:
-        in_shape = x.shape[-self.in_dims:]
-        fan_in = math.prod(in_shape)
-        init = nn.initializers.normal(1.0 / math.sqrt(fan_in))
-        kernel = self.param("kernel", init, in_shape + self.features)
-        dtype = jnp.dtype(self.cfg.dtype)
-        contract = (tuple(range(x.ndim - self.in_dims, x.ndim)),
-                    tuple(range(self.in_dims)))
-        y = jax.lax.dot_general(x.astype(dtype), kernel.astype(dtype),
-                                (contract, ((), ())))
-        r = self.cfg.lora_rank
-        if r:
-            a = self.param("lora_a", init, in_shape + (r,))
-            b = self.param("lora_b", nn.initializers.zeros, (r,) + self.features)
-            h = jax.lax.dot_general(x.astype(dtype), a.astype(dtype),
-                                    (contract, ((), ())))
-            y = y + (self.cfg.lora_alpha / r) * jnp.tensordot(
-                h, b.astype(dtype), axes=1)
-        return y
+    def __call__(self, x: jax.Array, out_sharding: Any = None) -> jax.Array:
+        y = nnx.Linear.__call__(self, x, out_sharding=out_sharding)
+        return y + self.scale * self.lora(x)
 
 
-class Block(nn.Module):
-    cfg: ModelConfig
+def linear(cfg: ModelConfig, d_in: int, d_out: int, rngs: nnx.Rngs
+           ) -> nnx.Module:
+    kwargs = dict(use_bias=False, dtype=jnp.dtype(cfg.dtype),
+                  kernel_init=nnx.initializers.normal(1 / math.sqrt(d_in)),
+                  rngs=rngs)
+    if cfg.lora_rank:
+        return ScaledLoRALinear(d_in, d_out, lora_rank=cfg.lora_rank,
+                                alpha=cfg.lora_alpha,
+                                lora_dtype=jnp.dtype(cfg.dtype), **kwargs)
+    return nnx.Linear(d_in, d_out, **kwargs)
 
-    @nn.compact
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
+        self.cfg = cfg
+        d = cfg.d_model
+        self.q = linear(cfg, d, d, rngs)
+        self.k = linear(cfg, d, d, rngs)
+        self.v = linear(cfg, d, d, rngs)
+        self.out = linear(cfg, d, d, rngs)
+
     def __call__(self, x: jax.Array) -> jax.Array:
         cfg = self.cfg
-        h_count, d = cfg.heads, cfg.d_model
-        dh = d // h_count
-        length = x.shape[1]
-        h = nn.RMSNorm(name="norm_attn")(x)
-        q = Linear((h_count, dh), 1, cfg, name="q")(h)
-        k = Linear((h_count, dh), 1, cfg, name="k")(h)
-        v = Linear((h_count, dh), 1, cfg, name="v")(h)
-        q, k, v = (_constrain(t, cfg, "data", None, "model", None)
-                   for t in (q, k, v))
-        scores = jnp.einsum("bqhd,bkhd->bhqk", q, k) / math.sqrt(dh)
-        mask = jnp.tril(jnp.ones((length, length), dtype=bool))
-        scores = jnp.where(mask, scores.astype(jnp.float32), -1e9)
-        probs = jax.nn.softmax(scores, axis=-1).astype(v.dtype)
-        att = jnp.einsum("bhqk,bkhd->bqhd", probs, v)
-        att = Linear((d,), 2, cfg, name="out")(att)
-        att = checkpoint_name(att, "attn_out")
+        b, length, d = x.shape
+        heads = (b, length, cfg.heads, d // cfg.heads)
+        q, k, v = (_constrain(p(x).reshape(heads), cfg, "data", None,
+                              "model", None)
+                   for p in (self.q, self.k, self.v))
+        att = jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                           implementation=cfg.attention)
+        return self.out(att.reshape(b, length, d))
+
+
+class MLP(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
+        self.cfg = cfg
+        self.up = linear(cfg, cfg.d_model, cfg.d_ff, rngs)
+        self.down = linear(cfg, cfg.d_ff, cfg.d_model, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        h = _constrain(jax.nn.gelu(self.up(x)), self.cfg, "data", None,
+                       "model")
+        return self.down(h)
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
+        self.cfg = cfg
+        self.norm_attn = nnx.RMSNorm(cfg.d_model, rngs=rngs)
+        self.attn = Attention(cfg, rngs)
+        self.norm_mlp = nnx.RMSNorm(cfg.d_model, rngs=rngs)
+        self.mlp = MLP(cfg, rngs)
+
+    def __call__(self, x: jax.Array) -> jax.Array:
+        cfg = self.cfg
+        att = checkpoint_name(self.attn(self.norm_attn(x)), "attn_out")
         x = _constrain(x + att.astype(x.dtype), cfg, "data", None, None)
-        h = nn.RMSNorm(name="norm_mlp")(x)
-        h = Linear((cfg.d_ff,), 1, cfg, name="up")(h)
-        h = _constrain(jax.nn.gelu(h), cfg, "data", None, "model")
-        h = Linear((d,), 1, cfg, name="down")(h)
-        h = checkpoint_name(h, "mlp_out")
+        h = checkpoint_name(self.mlp(self.norm_mlp(x)), "mlp_out")
         return _constrain(x + h.astype(x.dtype), cfg, "data", None, None)
 
 
-class LM(nn.Module):
-    cfg: ModelConfig
+def _block_fn(cfg: ModelConfig) -> Any:
+    """x, block -> block(x): rematerialised by the config's policy."""
+    def forward(x: jax.Array, block: Block) -> jax.Array:
+        return block(x)
+    if cfg.remat == "none":
+        return forward
+    # Inside a scan jax needs no CSE barrier (the loop already is one).
+    return nnx.remat(forward, policy=remat_policy(cfg.remat),
+                     prevent_cse=not cfg.scan_layers)
 
-    @nn.compact
+
+class LM(nnx.Module):
+    def __init__(self, cfg: ModelConfig, rngs: nnx.Rngs) -> None:
+        self.cfg = cfg
+        d = cfg.d_model
+        self.embed = nnx.Embed(VOCAB, d, embedding_init=nnx.initializers
+                               .normal(0.02), rngs=rngs)
+        self.pos_embed = nnx.Param(
+            nnx.initializers.normal(0.02)(rngs.params(), (cfg.max_len, d)))
+        if cfg.scan_layers:
+            @nnx.split_rngs(splits=cfg.layers)
+            @nnx.vmap(in_axes=(0,), out_axes=0)
+            def make_blocks(rngs: nnx.Rngs) -> Block:
+                return Block(cfg, rngs)
+            self.blocks = make_blocks(rngs)
+        else:
+            self.blocks = nnx.List([Block(cfg, rngs)
+                                    for _ in range(cfg.layers)])
+        self.norm_out = nnx.RMSNorm(d, rngs=rngs)
+
     def __call__(self, tokens: jax.Array) -> jax.Array:
         cfg = self.cfg
-        embed = nn.Embed(VOCAB, cfg.d_model, name="embed",
-                         embedding_init=nn.initializers.normal(0.02))
-        pos = self.param("pos_embed", nn.initializers.normal(0.02),
-                         (cfg.max_len, cfg.d_model))
-        x = embed(tokens) + pos[None, :tokens.shape[1]]
-        x = _constrain(x, cfg, "data", None, None)
-        block = Block
-        if cfg.remat != "none":
-            block = nn.remat(Block, policy=remat_policy(cfg.remat),
-                             prevent_cse=True)
-        for i in range(cfg.layers):
-            x = block(cfg, name=f"block_{i}")(x)
-        x = nn.RMSNorm(name="norm_out")(x)
-        logits = embed.attend(x.astype(jnp.dtype(cfg.dtype)))
-        return _constrain(logits.astype(jnp.float32), cfg, "data", None, None)
-
-
-def flatten(tree: Dict[str, Any]) -> Dict[str, Any]:
-    """{"a": {"b": x}} -> {"a/b": x}."""
-    out: Dict[str, Any] = {}
-
-    def walk(prefix: str, node: Any) -> None:
-        if isinstance(node, dict) or hasattr(node, "items"):
-            for k, v in node.items():
-                walk(f"{prefix}/{k}" if prefix else str(k), v)
+        dtype = jnp.dtype(cfg.dtype)
+        x = self.embed(tokens) + self.pos_embed[:tokens.shape[1]]
+        x = _constrain(x.astype(dtype), cfg, "data", None, None)
+        forward = _block_fn(cfg)
+        if cfg.scan_layers:
+            x = nnx.scan(forward, in_axes=(nnx.Carry, 0),
+                         out_axes=nnx.Carry)(x, self.blocks)
         else:
-            out[prefix] = node
-    walk("", tree)
-    return out
+            for block in self.blocks:
+                x = forward(x, block)
+        x = self.norm_out(x)
+        logits = self.embed.attend(x.astype(dtype))
+        return _constrain(logits.astype(jnp.float32), cfg, "data", None,
+                          None)
 
 
-def unflatten(flat: Dict[str, Any]) -> Dict[str, Any]:
-    out: Dict[str, Any] = {}
-    for key, v in flat.items():
-        node = out
-        *parents, last = key.split("/")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[last] = v
-    return out
-
-
-def is_lora(name: str) -> bool:
-    return "/lora_" in name
-
-
-def loss_fn(model: LM, params: Dict[str, Any], batch: jax.Array) -> jax.Array:
+def loss_fn(model: LM, batch: jax.Array) -> jax.Array:
     inputs, targets = batch[:, :-1], batch[:, 1:]
-    logits = model.apply({"params": unflatten(params)}, inputs)
+    logits = model(inputs)
     return optax.softmax_cross_entropy_with_integer_labels(
         logits, targets).mean()
 
@@ -216,30 +242,47 @@ def loss_fn(model: LM, params: Dict[str, Any], batch: jax.Array) -> jax.Array:
 
 LAYOUTS = ("data", "fsdp", "tp")
 
+#: tp: Megatron's split, by the last two names of a kernel's path.
+_TP_RULES = {"q/kernel": (None, "model"), "k/kernel": (None, "model"),
+             "v/kernel": (None, "model"), "out/kernel": ("model", None),
+             "up/kernel": (None, "model"), "down/kernel": ("model", None)}
 
-def param_spec(name: str, shape: Sequence[int], layout: str,
-               mesh_shape: Dict[str, int]) -> P:
-    """The PartitionSpec of one parameter under a layout."""
+
+def param_spec(path: str, shape: Sequence[int], layout: str,
+               mesh_shape: Dict[str, int], stacked: bool) -> P:
+    """The PartitionSpec of a parameter, or of optimizer state shaped like
+    one, by its path ("blocks/attn/q/kernel", "opt_state/0/mu/blocks/...").
+    `stacked`: the path is a scanned block's, with a leading layer axis,
+    which stays whole (each scan iteration reads one layer)."""
+    lead: tuple = ()
+    if stacked:
+        lead, shape = (None,), tuple(shape[1:])
     if layout == "fsdp":
         parts = mesh_shape.get("data", 1)
-        order = sorted(range(len(shape)), key=lambda i: -shape[i])
-        for i in order:
+        for i in sorted(range(len(shape)), key=lambda i: -shape[i]):
             if shape[i] % parts == 0 and shape[i] >= parts:
-                spec: List[Any] = [None] * len(shape)
+                spec: list = [None] * len(shape)
                 spec[i] = "data"
-                return P(*spec)
+                return P(*lead, *spec)
         return P()
-    if layout == "tp" and not is_lora(name):
+    if layout == "tp" and "lora" not in path:
         model = mesh_shape.get("model", 1)
-        rules = {"q/kernel": (None, "model", None),
-                 "k/kernel": (None, "model", None),
-                 "v/kernel": (None, "model", None),
-                 "out/kernel": ("model", None, None),
-                 "up/kernel": (None, "model"),
-                 "down/kernel": ("model", None)}
-        for suffix, spec_t in rules.items():
-            if name.endswith(suffix):
-                ok = all(a is None or shape[i] % model == 0
-                         for i, a in enumerate(spec_t))
-                return P(*spec_t) if ok else P()
+        for suffix, rule in _TP_RULES.items():
+            if path.endswith(suffix) and len(shape) == len(rule):
+                if all(a is None or shape[i] % model == 0
+                       for i, a in enumerate(rule)):
+                    return P(*lead, *rule)
+                return P()
     return P()
+
+
+def state_specs(state: Any, layout: str, mesh_shape: Dict[str, int],
+                scan_layers: bool) -> Any:
+    """A tree like `state` (an nnx.State, or any tree of arrays) with each
+    array replaced by its PartitionSpec under `layout`."""
+    def one(path: Any, x: Any) -> P:
+        name = jax.tree_util.keystr(path, simple=True, separator="/")
+        name = name.removesuffix("/value")  # an nnx.Variable's own leaf
+        stacked = scan_layers and "blocks/" in name
+        return param_spec(name, x.shape, layout, mesh_shape, stacked)
+    return jax.tree_util.tree_map_with_path(one, state)

@@ -1,10 +1,13 @@
 """LoRA fine-tuning of the train_lm.py model: the base weights stay frozen,
-low-rank adapters on every projection (q, k, v, out, up, down) are trained.
+low-rank adapters (nnx.LoRALinear) on every projection (q, k, v, out, up,
+down) are trained: the nnx.Optimizer and the gradients cover nnx.LoRAParam
+only.
 
     python examples/train_lm.py --preset tiny --steps 50 \\
         --ckpt-dir /tmp/base --ckpt-every 50
-    python examples/finetune_lora.py --preset tiny --base-ckpt /tmp/base \\
-        --rank 8 --steps 30
+    python examples/finetune_lora.py --base-ckpt /tmp/base --rank 8 --steps 30
+
+The model (preset, scanned or unrolled layers) is the base checkpoint's.
 
 The base model learns from the standard library's source; fine-tuning
 adapts it to the standard library's docstrings (prose rather than code).
@@ -27,7 +30,7 @@ def parser() -> argparse.ArgumentParser:
     import _lm
     p = argparse.ArgumentParser(
         prog="finetune_lora.py", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=_lm.Formatter)
     g = p.add_argument_group("LoRA")
     g.add_argument("--base-ckpt", default=None, metavar="DIR",
                    help="train_lm.py checkpoint folder of the base model "
@@ -35,9 +38,10 @@ def parser() -> argparse.ArgumentParser:
     g.add_argument("--base-step", type=int, default=None,
                    help="which saved step of the base (default: latest)")
     g.add_argument("--rank", type=_lm.positive_int, default=8,
-                   help="rank of the adapters")
+                   help="rank of the adapters (default: 8)")
     g.add_argument("--alpha", type=float, default=16.0,
-                   help="adapter scale (the update is alpha/rank * B A)")
+                   help="adapter scale: the update is alpha/rank * x A B "
+                        "(default: 16)")
     _lm.add_args(p)
     return p
 
@@ -46,29 +50,30 @@ def main(argv: list[str] | None = None) -> int:
     p = parser()
     args = p.parse_args(argv)
     import _lm
-    _lm.check_args(p, args)
+    if args.base_step is not None and not args.base_ckpt:
+        p.error("--base-step needs --base-ckpt")
+    if args.base_ckpt and not os.path.isdir(args.base_ckpt):
+        p.error(f"--base-ckpt {args.base_ckpt} is not a folder: give a "
+                "train_lm.py --ckpt-dir")
+    _lm.check_args(p, args, model_from=args.base_ckpt)
     status = _common.start(args.jaxlake, args.jaxlake_option)
-    if args.trace_per_tensor:
-        from jaxlake._src.trace.recorder import enable_per_tensor_dumps
-        enable_per_tensor_dumps()
-    base = None
-    if args.base_ckpt:
-        base = _lm.load_params(args.base_ckpt, args.base_step)
-    else:
+    if not args.base_ckpt:
         print("no --base-ckpt: fine-tuning adapters on a random base model")
     setup = _lm.Setup(lora_rank=args.rank, lora_alpha=args.alpha,
-                      base_params=base, corpus="docstrings",
+                      base_ckpt=args.base_ckpt, base_step=args.base_step,
+                      corpus="docstrings",
                       trace_extra=(f"lora-r{args.rank}",),
-                      meta={"lora_rank": args.rank,
-                            "base": "checkpoint" if base else "random"})
+                      meta={"lora_rank": args.rank, "base": "checkpoint"
+                            if args.base_ckpt else "random"})
     summary = _lm.train(args, setup)
     if "trace" in summary:
         print(summary["trace"])
-    trainable = sum(int(v.size) for v in summary["trainable"].values()
+    import jax
+    trainable = sum(int(v.size) for v in jax.tree.leaves(summary["trainable"])
                     if hasattr(v, "size"))
     print(f"trained {trainable:,} adapter parameters of "
           f"{summary['params']:,} in the model")
-    _common.finish(status)
+    _common.finish(status, args.log_json)
     return 0
 
 

@@ -15,7 +15,9 @@ Layouts (the mesh has axes data x model):
         tensor along its largest dimension that divides evenly)
   tp    tensor parallel: attention heads and MLP columns split over model
         (Megatron style), batch over data
-Shardings are NamedSharding plus with_sharding_constraint on activations.
+The mesh is jax.make_mesh's; parameters and optimizer state get a
+NamedSharding from the layout's rules (jit out_shardings), activations a
+with_sharding_constraint. A scanned model's stacked layer axis stays whole.
 """
 
 from __future__ import annotations
@@ -45,22 +47,27 @@ def parser() -> argparse.ArgumentParser:
     import _lm
     p = argparse.ArgumentParser(
         prog="train_sharded.py", description=__doc__,
-        formatter_class=argparse.RawDescriptionHelpFormatter)
+        formatter_class=_lm.Formatter)
     s = p.add_argument_group("sharding")
     s.add_argument("--layout", default="fsdp", choices=list(_lm.LAYOUTS),
-                   help="how parameters and activations are laid out")
+                   help="how parameters and activations are laid out "
+                        "(default: fsdp)")
     s.add_argument("--mesh", type=mesh_shape, default=None,
                    metavar="DATAxMODEL",
                    help="mesh shape (default: all devices on data; tp puts "
                         "2 or 4 on model)")
     s.add_argument("--cpu-devices", type=_lm.positive_int, default=8,
                    help="virtual CPU devices per process on the CPU "
-                        "(default 8)")
-    s.add_argument("--num-processes", type=_lm.positive_int, default=1)
-    s.add_argument("--process-id", type=int, default=0)
+                        "(default: 8)")
+    s.add_argument("--num-processes", type=_lm.positive_int, default=1,
+                   help="processes of one jax.distributed run, gloo "
+                        "collectives on the CPU (default: 1)")
+    s.add_argument("--process-id", type=int, default=0,
+                   help="this process's index (default: 0)")
     s.add_argument("--coordinator", default="127.0.0.1:12355",
                    metavar="HOST:PORT",
-                   help="jax.distributed coordinator (process 0 serves it)")
+                   help="jax.distributed coordinator, served by process 0 "
+                        "(default: 127.0.0.1:12355)")
     _lm.add_args(p)
     return p
 
@@ -75,6 +82,15 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import _lm
     _lm.check_args(p, args)
+    if args.trace_per_tensor:
+        p.error("--trace-per-tensor needs XLA's dump flags set before jax "
+                "starts, and this script starts jax to build its mesh: "
+                "record per-tensor traces with train_lm.py")
+    if args.mesh is not None and args.layout == "tp" and args.mesh[1] == 1:
+        p.error(f"--layout tp --mesh {args.mesh[0]}x1 has a model axis of "
+                "1, so it splits nothing and is the data layout: give the "
+                "model axis 2 or more (e.g. --mesh "
+                f"{max(1, args.mesh[0] // 2)}x2) or use --layout data")
     if not 0 <= args.process_id < args.num_processes:
         p.error(f"--process-id {args.process_id} is not below "
                 f"--num-processes {args.num_processes}: use 0 to "
@@ -85,11 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         os.environ["XLA_FLAGS"] = (
             f"{flags} --xla_force_host_platform_device_count="
             f"{args.cpu_devices}").strip()
-    if args.trace_per_tensor and args.process_id == 0:
-        from jaxlake._src.trace.recorder import enable_per_tensor_dumps
-        enable_per_tensor_dumps()
     import jax
-    import numpy as np
     if args.num_processes > 1:
         if jax.config.jax_platforms in (None, "", "cpu"):
             jax.config.update("jax_cpu_collectives_implementation", "gloo")
@@ -117,8 +129,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"{preset.d_ff} over the model axis, and a model axis of "
                 f"{shape[1]} does not divide them: use a --mesh whose model "
                 f"size is one of {fits}")
-    mesh = jax.sharding.Mesh(np.array(devices).reshape(shape),
-                             ("data", "model"))
+    if args.layout == "tp" and shape[1] == 1:
+        p.error(f"--layout tp needs a model axis of 2 or more, and "
+                f"{count} device(s) give none: use --layout data")
+    mesh = jax.make_mesh(shape, ("data", "model"),
+                         axis_types=(jax.sharding.AxisType.Auto,) * 2)
     main_process = jax.process_index() == 0
     if main_process:
         print(f"mesh data={shape[0]} x model={shape[1]} over {count} "
@@ -132,7 +147,7 @@ def main(argv: list[str] | None = None) -> int:
     summary = _lm.train(args, setup)
     if "trace" in summary:
         print(summary["trace"])
-    _common.finish(status)
+    _common.finish(status, args.log_json if main_process else None)
     if args.num_processes > 1:
         jax.distributed.shutdown()
     return 0

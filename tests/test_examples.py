@@ -1,10 +1,12 @@
 """The Flax examples, run as a user would, at the tiny preset on the CPU.
 
 Each example runs in a subprocess (XLA reads its device count from XLA_FLAGS
-once, at start): training makes the loss fall, a resumed checkpoint gives
-bit-for-bit the losses of the straight run, the 8-device layouts and a
-2-process run work, --trace writes a trace the trace reader accepts, and bad
-input is refused with a message that names the value and what would work.
+once, at start): training makes the loss fall (scanned and unrolled layers),
+a resumed checkpoint gives bit-for-bit the losses of the straight run and
+records its model, each 8-device layout gives parameters and optimizer
+state the NamedSharding it promises, a 2-process run works, --trace and
+--compile-only write a trace the trace reader accepts, and bad input is
+refused with a one-line message that names the value and what would work.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -74,14 +77,12 @@ def assert_falls(losses: Dict[int, float]) -> None:
 
 @pytest.fixture(scope="module")
 def trained(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
-    """16 steps of train_lm.py with checkpoints at 8 and 16 and a trace."""
+    """16 steps of train_lm.py with checkpoints at 8 and 16."""
     d = tmp_path_factory.mktemp("lm")
-    paths = {"ckpt": d / "ckpt", "log": d / "log.jsonl",
-             "trace": d / "lm.jsonl.gz"}
+    paths = {"ckpt": d / "ckpt", "log": d / "log.jsonl"}
     done = run("train_lm.py", "--steps", "16", "--ckpt-dir",
                str(paths["ckpt"]), "--ckpt-every", "8", "--eval-every", "8",
-               "--log-json", str(paths["log"]), "--trace",
-               str(paths["trace"]))
+               "--log-json", str(paths["log"]))
     paths["stdout"] = d / "stdout.txt"
     paths["stdout"].write_text(done.stdout)
     return paths
@@ -90,18 +91,40 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
 @pytest.mark.parametrize("script", ["train_lm.py", "train_sharded.py",
                                     "finetune_lora.py"])
 def test_help(script: str) -> None:
-    done = run(script, "--help")
+    # One process: --help as a user sees it, then every option's help.
+    code = ("import contextlib, io, sys; sys.path.insert(0, sys.argv[1]); "
+            f"import {script[:-3]} as m; p = m.parser(); "
+            "print(p.format_help()); print('-- options --'); "
+            "print('\\n'.join(f'{a.option_strings} {a.help}' for a in "
+            "p._actions if a.dest != 'help'))")
+    out = subprocess.run([sys.executable, "-c", code, str(EXAMPLES)],
+                         env=_env(), capture_output=True, text=True,
+                         timeout=TIMEOUT, check=True).stdout
+    help_text, options = out.split("-- options --")
+    assert f"usage: {script}" in help_text
     for flag in ("--preset", "--remat", "--grad-accum", "--seq-buckets",
-                 "--eval-every", "--jaxlake", "--no-jaxlake", "--trace"):
-        assert flag in done.stdout
+                 "--eval-every", "--jaxlake", "--no-jaxlake", "--trace",
+                 "--scan-layers", "--no-scan-layers", "--attention",
+                 "--steps", "--seed", "--weight-decay"):
+        assert flag in help_text
+    # Every option has help that says its default.
+    lines = options.strip().splitlines()
+    assert len(lines) > 20
+    lacking = [line for line in lines if "default" not in line]
+    assert not lacking, lacking
 
 
 def test_train_lm_loss_falls(trained: Dict[str, Path]) -> None:
     assert_falls(train_losses(trained["log"]))
     evals = eval_losses(trained["log"])
     assert evals[16] < evals[0] - 0.5, evals
-    # The lake is off the GPU here: the --jaxlake path says why.
-    assert "jaxlake: lake inactive: " in trained["stdout"].read_text()
+    # The lake is off the GPU here: the --jaxlake path says why, in a line.
+    notice = [line for line in trained["stdout"].read_text().splitlines()
+              if line.startswith("jaxlake: lake inactive: ")]
+    assert len(notice) == 1 and len(notice[0]) < 120, notice
+    # The checkpoint records its model.
+    assert json.loads((trained["ckpt"] / "model.json").read_text()) == {
+        "preset": "tiny", "scan_layers": True}
 
 
 def test_resume_reproduces_the_loss(trained: Dict[str, Path],
@@ -118,45 +141,84 @@ def test_resume_reproduces_the_loss(trained: Dict[str, Path],
     assert eval_losses(resumed)[16] == eval_losses(trained["log"])[16]
 
 
-def test_trace_is_what_replay_reads(trained: Dict[str, Path]) -> None:
+def test_resume_refuses_another_preset(trained: Dict[str, Path]) -> None:
+    done = run("train_lm.py", "--preset", "small", "--ckpt-dir",
+               str(trained["ckpt"]), ok=False)
+    assert done.returncode == 2
+    assert "--preset small" in done.stderr and "tiny" in done.stderr
+
+
+@pytest.fixture(scope="module")
+def compiled(tmp_path_factory: pytest.TempPathFactory
+             ) -> subprocess.CompletedProcess:
+    """16 steps of train_lm.py --compile-only --trace, with its progress
+    shown (no --no-progress): the H100 compiles, nothing run."""
+    trace = tmp_path_factory.mktemp("co") / "lm.jsonl.gz"
+    cmd = [sys.executable, str(EXAMPLES / "train_lm.py"), "--compile-only",
+           "--trace", str(trace), "--steps", "16"]
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True,
+                          timeout=TIMEOUT, cwd=str(ROOT))
+    assert done.returncode == 0, done.stderr[-3000:]
+    done.trace = trace  # type: ignore[attr-defined]
+    return done
+
+
+def test_compile_only_shows_compiles_and_no_loss(
+        compiled: subprocess.CompletedProcess) -> None:
+    # The train step's GPU compile takes seconds: it is shown, with time.
+    assert re.search(r"compiled train_step in [0-9.]+s", compiled.stderr), \
+        compiled.stderr[-3000:]
+    assert "loss" not in compiled.stderr and "tok/s" not in compiled.stderr
+    assert "nothing ran, so there is no loss" in compiled.stdout
+
+
+def test_trace_is_what_replay_reads(
+        compiled: subprocess.CompletedProcess) -> None:
     from jaxlake._src.trace.tracefile import read_trace
-    trace = read_trace(trained["trace"])
+    trace = read_trace(compiled.trace)  # type: ignore[attr-defined]
     assert trace.source == "recorder"
+    assert trace.meta["mode"] == "compile-only"
     assert trace.meta["preset"] == "tiny"
     assert trace.meta["target"] == "h100_sxm"
+    assert trace.meta["scan_layers"] is True
+    assert trace.meta["attention"] == "xla"
     events = trace.events()
     kinds = {e.kind for e in events if e.op == "alloc"}
     assert {"param", "opt_state", "input", "temp", "output"} <= kinds
     # Parameters and optimizer state are donated: one allocation each for
-    # the whole run, not one per step.
+    # the whole run, not one per step. The blocks are scanned: each of
+    # their 8 tensors holds every layer; 3 more outside the blocks.
     params = [e for e in events if e.op == "alloc" and e.kind == "param"]
-    assert len(params) == 19  # 8 tensors per block, 2 blocks, 3 more
+    assert len(params) == 11
     temps = [e for e in events if e.op == "alloc" and e.kind == "temp"]
     assert len(temps) >= 16
 
 
-def test_jaxlake_replay_reads_the_trace(trained: Dict[str, Path]) -> None:
+def test_jaxlake_replay_reads_the_trace(
+        compiled: subprocess.CompletedProcess) -> None:
+    trace = compiled.trace  # type: ignore[attr-defined]
     done = subprocess.run(
-        [sys.executable, "-m", "jaxlake", "replay", str(trained["trace"]),
+        [sys.executable, "-m", "jaxlake", "replay", str(trace),
          "--policy", "jaxlake,bfc"], capture_output=True, text=True,
-        timeout=TIMEOUT, cwd=str(trained["trace"].parent))
+        timeout=TIMEOUT, cwd=str(trace.parent))
     if "invalid choice: 'replay'" in done.stderr:
         pytest.skip("this jaxlake has no `replay` command yet")
     assert done.returncode == 0, done.stderr[-3000:]
     assert "lm-tiny" in done.stdout and "bfc" in done.stdout
 
 
-def test_remat_accumulation_buckets_eval(tmp_path: Path) -> None:
+def test_unrolled_remat_accumulation_buckets_eval(tmp_path: Path) -> None:
     out = tmp_path / "log.jsonl"
-    run("train_lm.py", "--steps", "12", "--remat", "dots-saveable",
-        "--grad-accum", "2", "--seq-buckets", "32,64", "--eval-every", "6",
-        "--log-json", str(out))
+    run("train_lm.py", "--steps", "12", "--no-scan-layers", "--remat",
+        "dots-saveable", "--grad-accum", "2", "--seq-buckets", "32,64",
+        "--eval-every", "6", "--log-json", str(out))
     assert_falls(train_losses(out))
     assert sorted(eval_losses(out)) == [0, 6, 12]
 
 
 def test_lora_finetune(trained: Dict[str, Path], tmp_path: Path) -> None:
     out = tmp_path / "log.jsonl"
+    # No --preset: the model is the base checkpoint's.
     done = run("finetune_lora.py", "--base-ckpt", str(trained["ckpt"]),
                "--steps", "12", "--lr", "3e-2", "--eval-every", "6",
                "--log-json", str(out))
@@ -166,15 +228,77 @@ def test_lora_finetune(trained: Dict[str, Path], tmp_path: Path) -> None:
     assert sum(losses[s] for s in range(7, 13)) < sum(
         losses[s] for s in range(1, 7)), losses
     assert "adapter parameters" in done.stdout
+    assert log(out)[-1]["summary"] is True  # --log-json's memory summary
 
 
-@pytest.mark.parametrize("layout", ["fsdp", "tp"])
+#: Runs train_sharded.py and prints the sharding of every array of the
+#: trained state: {part: {path: [mesh axes, spec]}}.
+_SHARDINGS = """
+import json, sys
+sys.path.insert(0, sys.argv[1])
+import jax, _lm, train_sharded
+got = {}
+def train(args, setup, _train=_lm.train):
+    got.update(_train(args, setup))
+    return got
+_lm.train = train
+train_sharded.main(sys.argv[2:])
+print("SHARDINGS", json.dumps({part: {
+    jax.tree_util.keystr(p, simple=True, separator="/"):
+        [dict(x.sharding.mesh.shape), list(x.sharding.spec)]
+    for p, x in jax.tree_util.tree_leaves_with_path(got[part])}
+    for part in ("trainable", "opt_state")}))
+"""
+
+#: layout -> (mesh, {path suffix: spec of a parameter and its adam moments}).
+#: Scanned blocks: a leading layer axis that stays whole.
+_EXPECTED = {
+    "data": ({"data": 8, "model": 1}, {
+        "blocks/attn/q/kernel": [], "blocks/mlp/up/kernel": [],
+        "embed/embedding": []}),
+    "fsdp": ({"data": 8, "model": 1}, {
+        "blocks/attn/q/kernel": [None, "data", None],
+        "blocks/mlp/up/kernel": [None, None, "data"],
+        "blocks/mlp/down/kernel": [None, "data", None],
+        "embed/embedding": ["data", None], "pos_embed": ["data", None],
+        "blocks/norm_attn/scale": [None, "data"]}),
+    "tp": ({"data": 2, "model": 4}, {
+        "blocks/attn/q/kernel": [None, None, "model"],
+        "blocks/attn/out/kernel": [None, "model", None],
+        "blocks/mlp/up/kernel": [None, None, "model"],
+        "blocks/mlp/down/kernel": [None, "model", None],
+        "embed/embedding": [], "blocks/norm_mlp/scale": []}),
+}
+
+
+@pytest.mark.parametrize("layout", list(_EXPECTED))
 def test_sharded_on_8_cpu_devices(layout: str, tmp_path: Path) -> None:
     out = tmp_path / "log.jsonl"
-    done = run("train_sharded.py", "--layout", layout, "--steps", "10",
-               "--batch", "16", "--log-json", str(out))
+    done = subprocess.run(
+        [sys.executable, "-c", _SHARDINGS, str(EXAMPLES), "--no-progress",
+         "--layout", layout, "--steps", "8", "--batch", "16", "--log-json",
+         str(out)], env=_env(), capture_output=True, text=True,
+        timeout=TIMEOUT, cwd=str(tmp_path))  # not ROOT: the installed jaxlake
+    assert done.returncode == 0, done.stderr[-3000:]
     assert "over 8 cpu devices" in done.stdout
     assert_falls(train_losses(out))
+    line = next(x for x in done.stdout.splitlines()
+                if x.startswith("SHARDINGS "))
+    got = json.loads(line[len("SHARDINGS "):])
+    mesh, expected = _EXPECTED[layout]
+    params = {k.removesuffix("/value"): v for k, v in got["trainable"].items()}
+    moments = {k.removesuffix("/value"): v for k, v in got["opt_state"].items()
+               if "/mu/" in k or "/nu/" in k}
+    assert len(params) == 11 and len(moments) == 22
+    for path, spec in expected.items():
+        assert params[path] == [mesh, spec], (path, params[path])
+        for moment in ("mu", "nu"):
+            key = next(k for k in moments if k.endswith(f"/{moment}/{path}"))
+            assert moments[key] == [mesh, spec], (key, moments[key])
+    # Every state array is on the whole mesh; only the layout's axes split.
+    used = {a for _, spec in [*params.values(), *moments.values()]
+            for a in spec if a is not None}
+    assert used == {"data": set(), "fsdp": {"data"}, "tp": {"model"}}[layout]
 
 
 def _free_port() -> int:
@@ -242,3 +366,40 @@ def test_batch_that_does_not_divide_the_data_axis() -> None:
     text = done.stderr + done.stdout
     assert "--batch 12" in text and "data axis of size 8" in text
     assert "multiple of 8" in text
+
+
+def test_tp_with_a_model_axis_of_one_is_refused() -> None:
+    done = run("train_sharded.py", "--layout", "tp", "--mesh", "8x1",
+               ok=False)
+    assert done.returncode == 2
+    assert "--layout tp --mesh 8x1" in done.stderr
+    assert "--mesh 4x2" in done.stderr and "--layout data" in done.stderr
+
+
+def _one_line_error(done: subprocess.CompletedProcess) -> str:
+    assert done.returncode != 0
+    assert "Traceback" not in done.stderr, done.stderr[-3000:]
+    errors = [line for line in done.stderr.splitlines()
+              if "error" in line]
+    assert len(errors) == 1, done.stderr[-3000:]
+    return errors[0]
+
+
+def test_misspelt_jaxlake_option() -> None:
+    line = _one_line_error(run("train_lm.py", "--jaxlake-option",
+                               "capactiy=1", ok=False))
+    assert "capactiy" in line and "capacity" in line
+
+
+def test_trace_into_a_missing_folder() -> None:
+    line = _one_line_error(run("train_lm.py", "--trace",
+                               "/nonexistent2/x.jsonl", ok=False))
+    assert "--trace /nonexistent2/x.jsonl" in line
+    assert "does not exist" in line
+
+
+def test_resume_step_that_was_not_saved(trained: Dict[str, Path]) -> None:
+    line = _one_line_error(run("train_lm.py", "--ckpt-dir",
+                               str(trained["ckpt"]), "--resume-step", "5",
+                               ok=False))
+    assert "--resume-step 5" in line and "[8, 16]" in line
