@@ -669,6 +669,122 @@ TEST(failed_stitch_unmaps_are_kept_and_retried) {
   CHECK_EQ(sim.live_handles(), 0u);
 }
 
+// The other paths that release the lock: a grow's create, a stitch's map, a
+// cached range's unmap and a segment's release. Each hook changes the lake
+// (allocate, free, empty_cache, hold a stream) while the lake waits in the
+// driver; the lake must come out consistent, with no memory handed twice.
+TEST(grow_with_the_lock_released) {
+  SimDriver sim(Small());
+  FaultyDriver drv(sim);
+  int fired = 0;  // hooks that ran
+  Lake lake(drv, Capped(16 * kMiB));
+  std::uintptr_t a = Alloc(lake, 4 * kMiB, nullptr, 1);
+  std::uintptr_t other = 0;
+  drv.hook(Call::create, [&] {
+    ++fired;
+    // Meanwhile: a free, an empty_cache (which releases that segment) and
+    // another grow that takes capacity too.
+    CHECK(lake.free(a, 1) == Status::kOk);
+    CHECK_EQ(lake.empty_cache(), 4 * kMiB);
+    other = Alloc(lake, 6 * kMiB, nullptr, 2);
+    CHECK_EQ(lake.check(), std::string());
+  });
+  AllocState how{};
+  std::uintptr_t p = Alloc(lake, 8 * kMiB, &how, 1);
+  CHECK(how == AllocState::grow);
+  CHECK(other != 0 && (other + 6 * kMiB <= p || p + 8 * kMiB <= other));
+  CHECK_EQ(lake.check(), std::string());
+  // The capacity left (2 MiB) is honoured.
+  std::uintptr_t q = 0;
+  CHECK(lake.allocate(4 * kMiB, 3, &q) == Status::kOutOfMemory);
+  CHECK(lake.free(p, 1) == Status::kOk);
+  CHECK(lake.free(other, 2) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+  CHECK_EQ(fired, 1);
+}
+
+TEST(stitch_with_the_lock_released) {
+  SimDriver sim(Small());
+  FaultyDriver drv(sim);
+  int fired = 0;  // hooks that ran
+  Lake lake(drv, Capped(32 * kMiB));
+  std::vector<std::uintptr_t> b;
+  for (int i = 0; i < 6; ++i) b.push_back(Alloc(lake, 4 * kMiB, nullptr, 1));
+  for (int i = 0; i < 6; i += 2) CHECK(lake.free(b[i], 1) == Status::kOk);
+  std::uintptr_t during = 0;
+  drv.hook(Call::map, [&] {
+    ++fired;
+    // The pieces are claimed: empty_cache must not release them, nor may a
+    // request on the same stream get them.
+    CHECK_EQ(lake.empty_cache(), 0u);
+    std::uintptr_t x = 0;
+    const Status s = lake.allocate(4 * kMiB, 1, &x);
+    CHECK(s == Status::kOk || s == Status::kOutOfMemory);
+    during = s == Status::kOk ? x : 0;
+    CHECK(lake.free(b[1], 1) == Status::kOk);  // a neighbour goes free
+    sim.hold_stream(1);
+    CHECK_EQ(lake.check(), std::string());
+  });
+  AllocState how{};
+  std::uintptr_t big = Alloc(lake, 12 * kMiB, &how, 1);
+  CHECK(how == AllocState::stitch);
+  CHECK(during == 0 || during + 4 * kMiB <= big || big + 12 * kMiB <= during);
+  CHECK_EQ(lake.check(), std::string());
+  CHECK(lake.free(big, 1) == Status::kOk);
+  if (during) CHECK(lake.free(during, 1) == Status::kOk);
+  sim.release_stream(1);
+  for (int i = 3; i < 6; i += 2) CHECK(lake.free(b[i], 1) == Status::kOk);
+  lake.empty_cache();
+  CHECK_EQ(lake.stats().bytes_reserved.current, 0);
+  CHECK_EQ(lake.check(), std::string());
+  CHECK_EQ(fired, 1);
+}
+
+TEST(cache_drop_and_release_with_the_lock_released) {
+  SimDriver sim(Small());
+  FaultyDriver drv(sim);
+  int fired = 0;  // hooks that ran
+  Lake lake(drv, Capped(32 * kMiB));
+  std::vector<std::uintptr_t> b;
+  for (int i = 0; i < 4; ++i) b.push_back(Alloc(lake, 4 * kMiB, nullptr, 1));
+  CHECK(lake.free(b[0], 1) == Status::kOk);
+  CHECK(lake.free(b[2], 1) == Status::kOk);
+  std::uintptr_t big = Alloc(lake, 8 * kMiB, nullptr, 1);
+  CHECK(lake.free(big, 1) == Status::kOk);  // cached
+  std::uintptr_t during = 0;
+  // While empty_cache unmaps the cached range, a request of its size must
+  // not reuse it; a stream is held and a live block freed meanwhile.
+  drv.hook(Call::unmap, [&] {
+    ++fired;
+    AllocState how{};
+    during = Alloc(lake, 8 * kMiB, &how, 2);
+    CHECK(how != AllocState::stitch_reuse);
+    sim.hold_stream(2);
+    CHECK(lake.free(b[1], 1) == Status::kOk);
+    CHECK_EQ(lake.check(), std::string());
+  }, false);
+  lake.empty_cache();
+  CHECK_EQ(lake.check(), std::string());
+  // While a free segment is released, a grow takes the capacity it gives.
+  CHECK(lake.free(during, 2) == Status::kOk);
+  std::uintptr_t late = 0;
+  drv.hook(Call::release, [&] {
+    ++fired;
+    late = Alloc(lake, 16 * kMiB, nullptr, 3);
+    CHECK_EQ(lake.check(), std::string());
+  });
+  CHECK(lake.free(b[3], 1) == Status::kOk);
+  lake.empty_cache();
+  sim.release_stream(2);
+  CHECK(late != 0);
+  CHECK(lake.free(late, 3) == Status::kOk);
+  lake.empty_cache();
+  CHECK_EQ(lake.stats().bytes_reserved.current, 0);
+  CHECK_EQ(lake.check(), std::string());
+  CHECK_EQ(sim.physical_bytes(), 0u);
+  CHECK_EQ(fired, 2);
+}
+
 // Defect: chunk counts were 32 bits; 2**32 + 1 chunks became one.
 TEST(chunk_counts_are_64_bit) {
   jaxlake::vmm::SimOptions so;
