@@ -148,9 +148,16 @@ class PyLake {
     return vmm::StatusName(s);
   }
 
-  std::size_t empty_cache() {
-    nb::gil_scoped_release release;
-    return lake_->empty_cache();
+  // (bytes released, status): a status other than "ok" is a driver failure
+  // whose resources the lake keeps and retries (see last_error()).
+  std::pair<std::size_t, std::string> empty_cache() {
+    vmm::Status s;
+    std::size_t released;
+    {
+      nb::gil_scoped_release release;
+      released = lake_->empty_cache(&s);
+    }
+    return {released, vmm::StatusName(s)};
   }
 
   std::string check() const {
