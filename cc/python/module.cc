@@ -209,7 +209,10 @@ class PyLake {
   std::string backend() const { return driver_->name(); }
 
   // Test hooks of the simulated streams (sim and host backends).
-  void hold_stream(vmm::Stream s) { sim("hold_stream").hold_stream(s); }
+  void hold_stream(vmm::Stream s, bool until_waited) {
+    sim("hold_stream").hold_stream(s, until_waited);
+  }
+  bool stream_held(vmm::Stream s) { return sim("stream_held").stream_held(s); }
   void release_stream(vmm::Stream s) { sim("release_stream").release_stream(s); }
   std::size_t physical_bytes() { return sim("physical_bytes").physical_bytes(); }
 
@@ -311,7 +314,9 @@ NB_MODULE(_core, m) {
       .def_prop_ro("capacity", &PyLake::capacity)
       .def_prop_ro("total_memory", &PyLake::total_memory)
       .def_prop_ro("backend", &PyLake::backend)
-      .def("hold_stream", &PyLake::hold_stream, "stream"_a)
+      .def("hold_stream", &PyLake::hold_stream, "stream"_a,
+           "until_waited"_a = false)
+      .def("stream_held", &PyLake::stream_held, "stream"_a)
       .def("release_stream", &PyLake::release_stream, "stream"_a)
       .def("physical_bytes", &PyLake::physical_bytes)
       .def("inject_fault", &PyLake::inject_fault, "call"_a, "nth"_a,

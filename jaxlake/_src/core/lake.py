@@ -293,10 +293,17 @@ class Lake:
 
     # -- test hooks (host and sim backends) -------------------------------
 
-    def hold_stream(self, stream: int) -> None:
+    def hold_stream(self, stream: int, until_waited: bool = False) -> None:
         """Keeps work recorded on `stream` in flight until release_stream
-        (events recorded on it stay incomplete)."""
-        self._core.hold_stream(_integer("stream", stream, 0))
+        (events recorded on it stay incomplete). With until_waited=True the
+        hold also ends when the lake waits for that work (the device
+        finishes what is waited for), so one thread cannot block forever."""
+        self._core.hold_stream(_integer("stream", stream, 0),
+                               bool(until_waited))
+
+    def stream_held(self, stream: int) -> bool:
+        """True while `stream` is held (see hold_stream)."""
+        return bool(self._core.stream_held(_integer("stream", stream, 0)))
 
     def release_stream(self, stream: int) -> None:
         """Completes everything recorded on `stream` so far."""
