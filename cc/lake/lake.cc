@@ -1500,10 +1500,14 @@ Lake::~Lake() {
     if (m.Teardown(u, nullptr) != Status::kOk) m.Keep(std::move(u));
   }
   m.segs.clear();
-  // The last retry of what failed before; what fails again here is lost.
-  for (Unreleased& u : m.unreleased) m.Teardown(u, nullptr);
+  // What failed before, and just now, is retried twice more; what still
+  // fails is lost (the lake is gone).
+  for (int attempt = 0; attempt < 2; ++attempt)
+    for (Unreleased& u : m.unreleased)
+      if (!u.done()) m.Teardown(u, nullptr);
   for (auto& [s, ss] : m.streams)
-    if (ss.event) m.drv.event_destroy(ss.event);
+    if (ss.event && m.drv.event_destroy(ss.event) != Status::kOk)
+      m.drv.event_destroy(ss.event);
 }
 
 Status Lake::allocate(std::size_t nbytes, Stream stream,

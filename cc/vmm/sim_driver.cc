@@ -103,6 +103,7 @@ struct SimDriver::State {
     std::uint64_t completed = 0;
     bool held = false;
     bool until_waited = false;  // synchronize releases the hold
+    std::uint64_t releases = 0;  // holds ended so far
   };
 
   explicit State(const SimOptions& o) : options(o) {}
@@ -376,6 +377,7 @@ Status SimDriver::do_event_synchronize(Event event) {
     State::StreamInfo& st = s.streams[target.stream];
     if (st.held && st.until_waited) {
       st.held = st.until_waited = false;
+      ++st.releases;
       st.completed = st.recorded;
       s.cv.notify_all();
       return Status::kOk;
@@ -392,6 +394,13 @@ void SimDriver::hold_stream(Stream stream, bool until_waited) {
   st.until_waited = until_waited;
 }
 
+std::uint64_t SimDriver::stream_releases(Stream stream, bool* held) const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  auto it = state_->streams.find(stream);
+  if (held) *held = it != state_->streams.end() && it->second.held;
+  return it == state_->streams.end() ? 0 : it->second.releases;
+}
+
 bool SimDriver::stream_held(Stream stream) const {
   std::lock_guard<std::mutex> lock(state_->mu);
   auto it = state_->streams.find(stream);
@@ -403,6 +412,7 @@ void SimDriver::release_stream(Stream stream) {
   {
     std::lock_guard<std::mutex> lock(s.mu);
     State::StreamInfo& st = s.streams[stream];
+    if (st.held) ++st.releases;
     st.held = st.until_waited = false;
     st.completed = st.recorded;
   }

@@ -43,6 +43,11 @@ class SimDriver : public Driver {
   void hold_stream(Stream stream, bool until_waited = false);
   // True while the stream is held.
   bool stream_held(Stream stream) const;
+  // How many holds of the stream have ended so far (release_stream, or a
+  // wait with until_waited), and in *held whether it is held now, read at
+  // one instant: work queued on a held stream is complete once the count
+  // has grown.
+  std::uint64_t stream_releases(Stream stream, bool* held) const;
   // Completes everything recorded on the stream so far and wakes waiters.
   void release_stream(Stream stream);
 
