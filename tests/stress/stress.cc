@@ -18,7 +18,7 @@
 // leave 0 bytes reserved by the lake and 0 held by the driver; after the
 // lake's destruction the driver must hold nothing at all.
 //
-// Usage (docs/stress.md):
+// Usage (docs/stress.md; STRESS_TRACE=1 prints every operation):
 //   stress [--backend sim|host|all] [--faults off|on|both] [--threads N]
 //          [--ops N] [--seconds S] [--seed N] [--check-every N] [--quick]
 // Single-threaded runs do --ops operations per backend and fault mode;
@@ -80,6 +80,12 @@ struct Counts {
            unexpected + leaks;
   }
 };
+
+// STRESS_TRACE=1 in the environment prints every operation to stderr.
+bool Trace() {
+  static const bool on = std::getenv("STRESS_TRACE") != nullptr;
+  return on;
+}
 
 std::uint64_t Mix(std::uint64_t x) {  // splitmix64
   x += 0x9e3779b97f4a7c15ull;
@@ -143,7 +149,7 @@ class Run {
       if (faults_ && i % 5000 == 4999) ExtraLake(rng, kind++);
       if (rng() % 64 == 0) {  // hold or release a stream
         const Stream s = rng() % kStreams;
-        if (std::getenv("STRESS_TRACE"))
+        if (Trace())
           std::fprintf(stderr, "toggle stream %llu\n", U(s));
         if (sim_->stream_held(s)) {
           sim_->release_stream(s);
@@ -378,7 +384,7 @@ class Run {
     }
     ++n_.allocs;
     Live l{addr, size, stream, next_id_++, {}};
-    if (std::getenv("STRESS_TRACE"))
+    if (Trace())
       std::fprintf(stderr, "alloc %llu size %zu stream %llu addr %zx %s inj %llu\n",
                    U(l.id), size, U(stream), static_cast<std::size_t>(addr), AllocStateName(how), U(faulty_->injected()));
     // What the lake hands out: the request rounded to the alignment (small
@@ -414,7 +420,7 @@ class Run {
     // the stream's state is read before the free, so a hold that ends
     // meanwhile is never missed (the free may only be later than it).
     tracker_->Freeing(l.id, s, l.ranges);
-    if (std::getenv("STRESS_TRACE")) {
+    if (Trace()) {
       bool held = false;
       sim_->stream_releases(s, &held);
       std::fprintf(stderr, "free %llu on stream %llu held %d\n", U(l.id),
