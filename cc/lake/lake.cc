@@ -221,6 +221,9 @@ struct Lake::Impl {
   std::unordered_map<std::uintptr_t, Alloc> live;
   std::unordered_map<Stream, StreamState> streams;
   std::size_t pending_bytes = 0;  // physical bytes being created right now
+  // Physical bytes of segments being released right now (lock released):
+  // still held by the driver, so they still count against the capacity.
+  std::size_t releasing_bytes = 0;
   // Counts the changes that can let a refused request succeed (memory
   // freed or released, frees completed). The reclaim loop compares it
   // before and after its steps that release the lock, so that it sees what
@@ -664,6 +667,7 @@ struct Lake::Impl {
     const std::size_t bytes = std::size_t{n} * gran;
     const std::size_t held =
         static_cast<std::size_t>(st.bytes_reserved.current) + pending_bytes +
+        releasing_bytes +
         static_cast<std::size_t>(st.bytes_unreleased.current);
     if (n > capacity / gran || held + bytes > capacity) return false;
     pending_bytes += bytes;
@@ -706,7 +710,11 @@ struct Lake::Impl {
       undo[i].phys = bytes;
     }
     // Whatever fails below stays counted (bytes_unreleased) until a retry
-    // succeeds; only what the driver gave back is reported released.
+    // succeeds; only what the driver gave back is reported released. Until
+    // the driver answers, the bytes still count against the capacity.
+    std::size_t releasing = 0;
+    for (const Unreleased& u : undo) releasing += u.phys;
+    releasing_bytes += releasing;
     lk.unlock();
     std::vector<Status> result(doomed.size());
     const char* what = "";
@@ -716,6 +724,7 @@ struct Lake::Impl {
       if (result[i] != Status::kOk && *what == '\0') what = w;
     }
     lk.lock();
+    releasing_bytes -= releasing;
     ++changes;
     std::size_t released = 0;
     Status first = Status::kOk;
@@ -1442,7 +1451,8 @@ struct Lake::Impl {
     }
     gauge("unreleased", st.unreleased.current, unreleased.size() + retrying);
     gauge("bytes_unreleased", st.bytes_unreleased.current, held);
-    if (e.tellp() == 0 && reserved + pending_bytes + held > capacity)
+    if (e.tellp() == 0 &&
+        reserved + pending_bytes + releasing_bytes + held > capacity)
       e << "reserved " << reserved << " bytes (and " << held
         << " unreleased) exceed capacity " << capacity;
     return e.str();

@@ -785,6 +785,38 @@ TEST(cache_drop_and_release_with_the_lock_released) {
   CHECK_EQ(fired, 2);
 }
 
+// Found by the stress harness (8 threads, faults): while a free segment was
+// being released (lock released), its bytes were already off the books, so
+// another thread grew into that capacity; when the release then failed, the
+// lake held more than its capacity.
+TEST(capacity_counts_memory_being_released) {
+  SimDriver sim(Small());
+  FaultyDriver drv(sim);
+  Lake lake(drv, Capped(4 * kMiB));
+  std::uintptr_t a = Alloc(lake, 4 * kMiB);
+  CHECK(lake.free(a, 0) == Status::kOk);
+  Status during = Status::kOk;
+  int fired = 0;
+  drv.hook(Call::unmap, [&] {
+    ++fired;
+    std::uintptr_t p = 0;
+    during = lake.allocate(4 * kMiB, 1, &p);
+    if (during == Status::kOk) CHECK(lake.free(p, 1) == Status::kOk);
+  }, /*after=*/false);
+  drv.fail(Call::unmap);
+  Status s = Status::kOk;
+  lake.empty_cache(&s);
+  CHECK_EQ(fired, 1);
+  CHECK(s == Status::kDriverError);
+  CHECK(during == Status::kOutOfMemory);  // the driver still held it
+  CHECK_EQ(lake.check(), std::string());
+  lake.empty_cache(&s);
+  CHECK(s == Status::kOk);
+  CHECK_EQ(sim.physical_bytes(), 0u);
+  std::uintptr_t p = Alloc(lake, 4 * kMiB, nullptr, 1);  // free again now
+  CHECK(lake.free(p, 1) == Status::kOk);
+}
+
 // Defect: chunk counts were 32 bits; 2**32 + 1 chunks became one.
 TEST(chunk_counts_are_64_bit) {
   jaxlake::vmm::SimOptions so;
