@@ -43,7 +43,7 @@ namespace jaxlake {
   X(reclaims, "times the lake reclaimed memory under pressure")              \
   X(event_waits, "times the lake waited for a stream event")                 \
   X(ooms, "allocations refused for lack of memory")                          \
-  X(driver_errors, "driver calls that failed and were rolled back")
+  X(driver_errors, "driver calls that failed (rolled back, or kept to retry)")
 
 struct Gauge {
   std::int64_t current = 0;
