@@ -4,6 +4,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -398,40 +399,72 @@ TEST(random_operations_keep_data_and_invariants) {
   (void)ooms;
 }
 
+// Threads share their allocations (frees cross threads and streams) while a
+// controller thread holds and releases streams; no two live allocations may
+// overlap and the lake must end empty.
 TEST(concurrent_threads_keep_invariants) {
   jaxlake::vmm::SimDriver drv(Small(std::size_t{8} << 30));
   LakeOptions o = Capped(std::size_t{1} << 30);
   Lake lake(drv, o);
   std::atomic<int> errors{0};
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::map<std::uintptr_t, std::size_t> live;  // shared by all threads
+  std::thread controller([&] {
+    std::mt19937_64 rng(99);
+    while (!stop.load()) {
+      const std::uint64_t s = rng() % 4;
+      drv.hold_stream(s);
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 500));
+      drv.release_stream(s);
+    }
+  });
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       std::mt19937_64 rng(t);
-      std::vector<std::uintptr_t> mine;
       for (int i = 0; i < 4000; ++i) {
-        if (mine.empty() || rng() % 2) {
+        const std::uint64_t stream = rng() % 4;
+        std::unique_lock<std::mutex> lk(mu);
+        if (live.empty() || rng() % 2) {
+          lk.unlock();
           std::uintptr_t p = 0;
           std::size_t n = rng() % 3 ? 1 + rng() % 100000 : rng() % (40 * kMiB) + 1;
-          Status s = lake.allocate(n, t, &p);
-          if (s == Status::kOk)
-            mine.push_back(p);
-          else if (s != Status::kOutOfMemory)
+          Status s = lake.allocate(n, stream, &p);
+          if (s == Status::kOk) {
+            lk.lock();
+            auto next = live.lower_bound(p);
+            if (next != live.end() && next->first < p + n) ++errors;
+            if (next != live.begin() &&
+                std::prev(next)->first + std::prev(next)->second > p)
+              ++errors;
+            live.emplace(p, n);
+          } else if (s != Status::kOutOfMemory) {
             ++errors;
+          }
         } else {
-          const std::size_t k = rng() % mine.size();
-          if (lake.free(mine[k], t) != Status::kOk) ++errors;
-          mine[k] = mine.back();
-          mine.pop_back();
+          auto it = live.begin();
+          std::advance(it, rng() % live.size());
+          const std::uintptr_t p = it->first;
+          live.erase(it);
+          lk.unlock();
+          if (lake.free(p, stream) != Status::kOk) ++errors;
         }
       }
-      for (auto p : mine)
-        if (lake.free(p, t) != Status::kOk) ++errors;
     });
   }
   for (auto& th : threads) th.join();
+  stop = true;
+  controller.join();
+  for (auto& [p, n] : live)
+    if (lake.free(p, 0) != Status::kOk) ++errors;
   CHECK_EQ(errors.load(), 0);
   CHECK_EQ(lake.check(), std::string());
   CHECK_EQ(lake.stats().bytes_in_use.current, 0);
+  for (std::uint64_t s = 0; s < 4; ++s) drv.release_stream(s);
+  lake.empty_cache();
+  CHECK_EQ(lake.stats().bytes_reserved.current, 0);
+  CHECK_EQ(drv.physical_bytes(), 0u);
 }
 
 // Frees on one stream record no events, yet the stitch cache must stay
