@@ -20,8 +20,10 @@
 //   stitch        free blocks, largest first, mapped into a new range
 //   stitch grow   as above, creating only the shortfall as a new segment
 //   grow          a new segment of n chunks
-//   reclaim       wait for pending events, drop cached stitched ranges,
-//                 release free segments, retry; then out of memory.
+//   reclaim       wait for pending events, retry failed releases, drop
+//                 cached stitched ranges, release free segments, retry
+//                 (also after changes other threads made meanwhile); then
+//                 out of memory.
 //
 // Thread safety: all public methods may be called concurrently. One mutex
 // guards the bookkeeping; driver calls that create, map or unmap memory are
@@ -180,8 +182,13 @@ class Lake {
   std::size_t allocation_size(std::uintptr_t address) const;
 
   // Drops cached stitched ranges and releases every free segment whose
-  // last use is complete. Returns the physical bytes released.
-  std::size_t empty_cache();
+  // last use is complete; first retries the releases the driver refused
+  // earlier. Returns the physical bytes the driver gave back. *status (when
+  // given) is kOk, or the first driver failure: what failed is kept, counted
+  // in the stats (unreleased, bytes_unreleased) and retried by the next
+  // empty_cache(), under memory pressure and at destruction; last_error()
+  // tells what failed.
+  std::size_t empty_cache(vmm::Status* status = nullptr);
 
   // Validates every invariant. Returns an empty string when all hold, else a
   // description of the first broken one.
@@ -191,7 +198,8 @@ class Lake {
   std::vector<TraceEvent> trace() const;
   // A readable summary of the lake's figures (used in out-of-memory errors).
   std::string describe() const;
-  // The message for the last kOutOfMemory or driver failure of allocate().
+  // The message for the last kOutOfMemory or driver failure of allocate(),
+  // or for the last driver failure of empty_cache().
   std::string last_error() const;
 
   const LakeOptions& options() const;
