@@ -108,8 +108,8 @@ enum class ChunkState : std::uint8_t {
 };
 
 struct SnapshotRun {
-  std::uint32_t start = 0;  // first chunk
-  std::uint32_t end = 0;    // one past the last chunk
+  std::uint64_t start = 0;  // first chunk
+  std::uint64_t end = 0;    // one past the last chunk
   ChunkState state = ChunkState::kFree;
   std::uint64_t owner = 0;
   std::uintptr_t address = 0;
@@ -119,23 +119,23 @@ struct SnapshotRun {
 };
 
 struct SnapshotSegment {
-  std::uint32_t id = 0;
+  std::uint64_t id = 0;
   std::uintptr_t va = 0;
-  std::uint32_t nchunks = 0;
+  std::uint64_t nchunks = 0;
   std::vector<SnapshotRun> runs;  // in chunk order, tiling the segment
 };
 
 struct SnapshotPiece {
-  std::uint32_t segment = 0;
-  std::uint32_t start = 0;
-  std::uint32_t nchunks = 0;
+  std::uint64_t segment = 0;
+  std::uint64_t start = 0;
+  std::uint64_t nchunks = 0;
 };
 
 struct SnapshotStitched {
   std::uint64_t id = 0;
   std::uintptr_t va = 0;     // 0 while being mapped
-  std::uint32_t nchunks = 0;
-  std::uint32_t used = 0;    // leading chunks lent to a live allocation
+  std::uint64_t nchunks = 0;
+  std::uint64_t used = 0;    // leading chunks lent to a live allocation
   bool cached = false;       // freed and kept mapped for reuse
   bool busy = false;         // being mapped or unmapped right now
   std::vector<SnapshotPiece> pieces;  // in address order
@@ -143,9 +143,9 @@ struct SnapshotStitched {
 
 struct SnapshotSlab {
   std::uint64_t id = 0;
-  std::uint32_t segment = 0;
-  std::uint32_t start = 0;
-  std::uint32_t nchunks = 0;
+  std::uint64_t segment = 0;
+  std::uint64_t start = 0;
+  std::uint64_t nchunks = 0;
   std::uintptr_t base = 0;
   std::size_t bytes = 0;
   std::size_t used = 0;      // bytes handed out
