@@ -370,3 +370,67 @@ def test_options_checked_by_the_lake(backend: str) -> None:
                      alignment="128KiB")
     lake = jaxlake.Lake(backend, granularity="64KiB", small_limit="32KiB")
     assert lake.granularity == 64 << 10
+
+
+# -- regressions: streams, faults, error types --------------------------------
+
+
+def test_injected_invalid_value_is_a_driver_error(make_lake: MakeLake) -> None:
+    lake = make_lake()
+    lake.inject_fault("create", status="invalid_value")
+    with pytest.raises(jaxlake.DriverError) as info:
+        lake.allocate(8 * MIB)
+    assert info.value.status == "invalid_value"
+    lake.check()
+    lake.free(lake.allocate(8 * MIB))
+
+
+@pytest.mark.parametrize("option", ["stitch_cache", "max_pieces",
+                                    "stitch_min", "small_limit",
+                                    "granularity", "device_memory"])
+def test_huge_option_is_a_configuration_error(option: str) -> None:
+    with pytest.raises(jaxlake.ConfigurationError, match=option):
+        jaxlake.Lake("sim", **{option: 2**70})
+
+
+@pytest.mark.parametrize("call", ["unmap", "release", "address_free"])
+def test_failed_release_is_reported_kept_and_retried(
+        make_lake: MakeLake, call: str) -> None:
+    lake = make_lake()
+    lake.free(lake.allocate(8 * MIB))
+    lake.inject_fault(call)
+    with pytest.raises(jaxlake.DriverError, match=call) as info:
+        lake.empty_cache()
+    assert info.value.status == "driver_error"
+    stats = lake.stats()
+    assert stats.unreleased == 1
+    assert stats.bytes_unreleased == (0 if call == "address_free" else 8 * MIB)
+    lake.check()
+    lake.empty_cache()  # the retry succeeds
+    assert lake.stats().unreleased == 0
+    assert lake.stats().bytes_unreleased == 0
+    assert lake.physical_bytes() == 0
+
+
+def test_small_frees_on_another_stream_come_back(make_lake: MakeLake) -> None:
+    lake = make_lake(capacity=8 * MIB)
+    for _ in range(300):
+        lake.free(lake.allocate(64 * 1024, stream=1), stream=2)
+        lake.empty_cache()
+    lake.empty_cache()
+    assert lake.stats().bytes_reserved == 0
+    assert lake.stats().live_allocations == 0
+
+
+def test_chunk_counts_beyond_32_bits() -> None:
+    lake = jaxlake.Lake("sim", granularity=4096, device_memory=64 << 40,
+                        small_limit=4096)
+    n = 2**44 + 4096
+    a = lake.allocate(n)
+    lake.check()
+    b = lake.allocate(n)
+    assert b >= a + n or b + n <= a
+    lake.check()
+    with pytest.raises(jaxlake.ConfigurationError, match="small_slab"):
+        jaxlake.Lake("sim", granularity=4096, device_memory=64 << 40,
+                     small_slab=2**53)

@@ -34,7 +34,7 @@ from jaxlake._src.view import api, model, page
 MIB = 1 << 20
 GRAN = 2 * MIB
 ROOT = Path(__file__).resolve().parent.parent
-BUCKETS = ROOT / "benchmarks" / "traces" / "lm-small-buckets.jsonl.gz"
+BUCKETS = ROOT / "benchmarks" / "traces" / "lm-small-buckets-eval.jsonl.gz"
 PER_TENSOR = ROOT / "benchmarks" / "traces" / "lm-small-per-tensor.jsonl.gz"
 STATES = list(_core.alloc_state_names())
 #: Where to keep the screenshots (read at import: the tests run with no

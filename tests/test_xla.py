@@ -456,7 +456,7 @@ def test_doctor_shows_the_effective_capacity(fake_driver: str) -> None:
     assert "capacity:              0.5 of each device's memory (from " \
         "XLA_PYTHON_CLIENT_MEM_FRACTION)" in out, out
     assert "device 0:              1.00 GiB, virtual memory management " \
-        "supported; lake capacity 0.50 GiB" in out, out
+        "supported; lake capacity 512 MiB" in out, out
     assert "device 2:              1.00 GiB, virtual memory management NOT " \
         "supported" in out, out
     env.pop("XLA_PYTHON_CLIENT_MEM_FRACTION")

@@ -74,16 +74,16 @@ std::string ValidateOptions(const LakeOptions& o, const vmm::Driver& driver) {
     err << "small_slab " << o.small_slab
         << " is invalid: expected 0 or a multiple of the granularity "
         << gran;
+  } else if (o.small_slab >
+             (o.capacity != 0 ? o.capacity : driver.total_memory())) {
+    err << "small_slab " << o.small_slab << " exceeds the capacity ("
+        << (o.capacity != 0 ? o.capacity : driver.total_memory())
+        << " bytes): expected 0 or a multiple of the granularity at most "
+           "the capacity";
   } else if (o.small_limit > (o.small_slab ? o.small_slab : gran)) {
     err << "small_limit " << o.small_limit
         << " is larger than one small slab ("
         << (o.small_slab ? o.small_slab : gran) << " bytes)";
-  } else if ((o.capacity ? o.capacity : driver.total_memory()) /
-                 o.alignment >
-             0xffffffffu) {
-    err << "capacity " << (o.capacity ? o.capacity : driver.total_memory())
-        << " is more than 2^32 units of alignment " << o.alignment
-        << ": raise alignment";
   }
   return err.str();
 }
@@ -175,12 +175,12 @@ struct NodeAlloc {
 
 // (units, segment, start unit) of a free block: the free index's key, so
 // best fit is a lower_bound.
-using FreeKey = std::tuple<std::uint32_t, std::uint32_t, std::uint32_t>;
+using FreeKey = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>;
 using FreeIndex =
     std::set<FreeKey, std::less<FreeKey>, NodeAlloc<FreeKey>>;
 
 struct Block {
-  std::uint32_t end = 0;  // one past the last unit
+  std::uint64_t end = 0;  // one past the last unit
   BlockState state = BlockState::kFree;
   std::uint64_t owner = 0;
   Tag tag;
@@ -192,24 +192,24 @@ struct Block {
 // small_limit holds at most one alignment more than it asked for. Maps,
 // unmaps and stitched pieces work in whole chunks (chunk = granularity).
 using BlockMap =
-    std::map<std::uint32_t, Block, std::less<std::uint32_t>,
-             NodeAlloc<std::pair<const std::uint32_t, Block>>>;
+    std::map<std::uint64_t, Block, std::less<std::uint64_t>,
+             NodeAlloc<std::pair<const std::uint64_t, Block>>>;
 
 struct Segment {
   explicit Segment(NodePool* nodes) : blocks(NodeAlloc<int>(nodes)) {}
   Handle handle = 0;
   std::uintptr_t va = 0;
-  std::uint32_t nchunks = 0;
-  std::uint32_t stitch_refs = 0;  // stitched ranges mapping its chunks
+  std::uint64_t nchunks = 0;
+  std::uint64_t stitch_refs = 0;  // stitched ranges mapping its chunks
   BlockMap blocks;  // start unit -> block
 };
 
 // A run of whole chunks of one segment (start and n in units, both
 // multiples of the units per chunk).
 struct Piece {
-  std::uint32_t seg;
-  std::uint32_t start;
-  std::uint32_t n;
+  std::uint64_t seg;
+  std::uint64_t start;
+  std::uint64_t n;
 };
 
 // A stitched range maps its pieces in order. Its allocation begins `lead`
@@ -218,9 +218,9 @@ struct Piece {
 // `used` units; the rest of the last piece stays free for anyone.
 struct Stitched {
   std::uintptr_t va = 0;
-  std::uint32_t nunits = 0;       // units mapped (VA size / alignment)
-  std::uint32_t lead = 0;         // units of the first piece before the block
-  std::uint32_t used = 0;         // units lent to the live block
+  std::uint64_t nunits = 0;       // units mapped (VA size / alignment)
+  std::uint64_t lead = 0;         // units of the first piece before the block
+  std::uint64_t used = 0;         // units lent to the live block
   std::vector<Piece> pieces;      // in address order
   bool mapping = false;           // claimed, being mapped right now
   bool dropping = false;          // being unmapped right now
@@ -230,9 +230,9 @@ struct Stitched {
 };
 
 struct Slab {
-  std::uint32_t seg = 0;
-  std::uint32_t start = 0;   // units
-  std::uint32_t nunits = 0;
+  std::uint64_t seg = 0;
+  std::uint64_t start = 0;   // units
+  std::uint64_t nunits = 0;
   std::uintptr_t base = 0;
   std::size_t bytes = 0;
   std::size_t used = 0;                     // bytes handed out
@@ -247,8 +247,8 @@ struct Alloc {
   std::size_t rounded = 0;  // held
   Stream stream = 0;
   Kind kind = Kind::kPrimary;
-  std::uint32_t seg = 0;    // primary
-  std::uint32_t start = 0;  // primary (unit)
+  std::uint64_t seg = 0;    // primary
+  std::uint64_t start = 0;  // primary (unit)
   std::uint64_t owner = 0;  // stitched or slab id
 };
 
@@ -257,7 +257,28 @@ struct StreamState {
   std::uint64_t completed = 0;  // frees known complete on the device
   Event event = 0;              // 0: none created yet
   std::uint64_t event_seq = 0;  // free_seq covered by the pending event
+  // Records of `event` so far. A wait made with the lock released completes
+  // only the record it was started for: the event may be recorded again
+  // (for newer frees) before the waiter retakes the lock.
+  std::uint64_t records = 0;
   bool pending = false;
+};
+
+// Driver resources the lake has given up but the driver failed to release
+// (a failed unmap, release or address_free). They are kept and retried on
+// the next empty_cache(), under memory pressure and at destruction, in
+// order: unmap every mapping, release the handle, free the reservation.
+struct Unreleased {
+  std::vector<std::pair<std::uintptr_t, std::size_t>> maps;  // still mapped
+  Handle handle = 0;       // still to release; 0: done or none
+  std::uintptr_t va = 0;   // reservation still to free; 0: done
+  std::size_t va_bytes = 0;
+  std::size_t phys = 0;    // physical bytes of a segment (0: stitched range)
+  bool done() const { return maps.empty() && handle == 0 && va == 0; }
+  // Physical memory the driver still holds for it.
+  std::size_t held() const {
+    return handle != 0 || !maps.empty() ? phys : 0;
+  }
 };
 
 }  // namespace
@@ -267,15 +288,15 @@ struct Lake::Impl {
   LakeOptions opt;
   std::size_t gran;
   std::size_t unit;   // bytes per unit (the alignment)
-  std::uint32_t cu;   // units per chunk
+  std::uint64_t cu;   // units per chunk
   std::size_t capacity;
   std::size_t slab_bytes;
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
 
   mutable std::mutex mu;
   NodePool nodes;  // before the containers that use it
-  std::unordered_map<std::uint32_t, Segment> segs;
-  std::uint32_t next_seg = 1;
+  std::unordered_map<std::uint64_t, Segment> segs;
+  std::uint64_t next_seg = 1;
   FreeIndex free_index{NodeAlloc<FreeKey>(&nodes)};  // by (units, seg, start)
   std::unordered_map<std::uint64_t, Stitched> stitched;
   std::list<std::uint64_t> lru;  // cached stitched ids, most recent first
@@ -292,7 +313,19 @@ struct Lake::Impl {
            NodeAlloc<std::pair<const std::uintptr_t, Alloc>>(&nodes)};
   std::unordered_map<Stream, StreamState> streams;
   std::size_t pending_bytes = 0;  // physical bytes being created right now
+  // Physical bytes of segments being released right now (lock released):
+  // still held by the driver, so they still count against the capacity.
+  std::size_t releasing_bytes = 0;
+  // Counts the changes that can let a refused request succeed (memory
+  // freed or released, frees completed). The reclaim loop compares it
+  // before and after its steps that release the lock, so that it sees what
+  // other threads did meanwhile.
+  std::uint64_t changes = 0;
   Stats st;
+  std::vector<Unreleased> unreleased;
+  // Entries taken out of `unreleased` by a retry in progress (lock
+  // released): still counted by the gauges.
+  std::size_t retrying = 0, retrying_held = 0;
   std::vector<TraceEvent> trace;
   std::string last_error;
 
@@ -301,7 +334,7 @@ struct Lake::Impl {
         opt(o),
         gran(d.granularity()),
         unit(o.alignment),
-        cu(static_cast<std::uint32_t>(d.granularity() / o.alignment)),
+        cu(static_cast<std::uint64_t>(d.granularity() / o.alignment)),
         capacity(o.capacity ? o.capacity : d.total_memory()),
         slab_bytes(o.small_slab ? o.small_slab : d.granularity()) {}
 
@@ -347,28 +380,50 @@ struct Lake::Impl {
           }
           ss.pending = true;
           ss.event_seq = ss.free_seq;
+          ++ss.records;
         }
         if (drv.event_query(ss.event) != Status::kOk) break;
         ss.pending = false;
-        ss.completed = ss.event_seq;
+        Complete(ss, ss.event_seq);
         progress = true;
       }
     }
     return progress;
   }
 
+  // Marks the frees of a stream up to `seq` complete.
+  void Complete(StreamState& ss, std::uint64_t seq) {
+    if (seq > ss.completed) {
+      ss.completed = seq;
+      ++changes;
+    }
+  }
+
   // Waits (lock released) for every pending stream event. Returns true if
   // something completed.
+  //
+  // Each wait completes only the frees its event covered when the wait
+  // began (event_seq of that record): while the lock is released, another
+  // call may see the event complete and record it again for newer frees,
+  // which this wait says nothing about. Synchronizing an event waits for
+  // its latest record, which covers at least the frees of the earlier one.
   bool WaitStreams(std::unique_lock<std::mutex>& lk) {
     AdvanceStreams();
-    std::vector<std::pair<Stream, Event>> waits;
+    struct Wait {
+      Stream stream;
+      Event event;
+      std::uint64_t seq;      // frees covered by the record waited for
+      std::uint64_t records;  // which record that was
+    };
+    std::vector<Wait> waits;
     for (auto& [s, ss] : streams)
-      if (ss.pending) waits.emplace_back(s, ss.event);
+      if (ss.pending) waits.push_back(Wait{s, ss.event, ss.event_seq,
+                                           ss.records});
     if (waits.empty()) return false;
     lk.unlock();
     std::vector<bool> ok(waits.size());
     for (std::size_t i = 0; i < waits.size(); ++i)
-      ok[i] = drv.event_synchronize(waits[i].second) == Status::kOk;
+      ok[i] = drv.event_synchronize(waits[i].event) == Status::kOk;
     lk.lock();
     bool progress = false;
     for (std::size_t i = 0; i < waits.size(); ++i) {
@@ -377,43 +432,44 @@ struct Lake::Impl {
         ++st.driver_errors;
         continue;
       }
-      auto& ss = streams[waits[i].first];
-      if (ss.pending && ss.event == waits[i].second) {
-        ss.pending = false;
-        ss.completed = std::max(ss.completed, ss.event_seq);
-        progress = true;
-      }
+      StreamState& ss = streams[waits[i].stream];
+      if (ss.event != waits[i].event) continue;
+      if (waits[i].seq > ss.completed) progress = true;
+      Complete(ss, waits[i].seq);
+      // The record waited for is the pending one only if nobody recorded
+      // the event again meanwhile; a newer record stays pending.
+      if (ss.pending && ss.records == waits[i].records) ss.pending = false;
     }
     return progress;
   }
 
   // ---- blocks ----------------------------------------------------------------
 
-  void IndexAdd(std::uint32_t seg, std::uint32_t start, Block& b) {
+  void IndexAdd(std::uint64_t seg, std::uint64_t start, Block& b) {
     b.idx = free_index.emplace(b.end - start, seg, start).first;
   }
-  void IndexRemove(std::uint32_t, std::uint32_t, const Block& b) {
+  void IndexRemove(std::uint64_t, std::uint64_t, const Block& b) {
     free_index.erase(b.idx);
   }
 
   // The block holding unit u of a segment.
-  const Block& BlockAt(std::uint32_t seg_id, std::uint32_t u) const {
+  const Block& BlockAt(std::uint64_t seg_id, std::uint64_t u) const {
     const Segment& seg = segs.at(seg_id);
     return std::prev(seg.blocks.upper_bound(u))->second;
   }
 
-  std::uint32_t ChunkDown(std::uint32_t u) const { return u - u % cu; }
-  std::uint32_t ChunkUp(std::uint32_t u) const {
+  std::uint64_t ChunkDown(std::uint64_t u) const { return u - u % cu; }
+  std::uint64_t ChunkUp(std::uint64_t u) const {
     return u % cu ? u - u % cu + cu : u;
   }
 
   // Marks [start, start+n) of segment `seg`, which must lie inside one free
   // block, with `state`/`owner`. The rest of that free block stays free.
-  void Carve(std::uint32_t seg_id, std::uint32_t start, std::uint32_t n,
+  void Carve(std::uint64_t seg_id, std::uint64_t start, std::uint64_t n,
              BlockState state, std::uint64_t owner) {
     Segment& seg = segs.at(seg_id);
     auto it = std::prev(seg.blocks.upper_bound(start));
-    const std::uint32_t bstart = it->first;
+    const std::uint64_t bstart = it->first;
     const Block b = it->second;
     assert(b.state == BlockState::kFree && b.end >= start + n);
     IndexRemove(seg_id, bstart, b);
@@ -456,7 +512,8 @@ struct Lake::Impl {
 
   // Makes [start, end) of a segment a free block with `tag`, merging with
   // free neighbours where allowed.
-  void MakeFree(std::uint32_t seg_id, std::uint32_t start, Tag tag) {
+  void MakeFree(std::uint64_t seg_id, std::uint64_t start, Tag tag) {
+    ++changes;
     Segment& seg = segs.at(seg_id);
     auto it = seg.blocks.find(start);
     assert(it != seg.blocks.end());
@@ -512,7 +569,7 @@ struct Lake::Impl {
 
   // True when [start, start+n) of a segment lies in one free block usable by
   // stream s.
-  bool RangeFree(std::uint32_t seg_id, std::uint32_t start, std::uint32_t n,
+  bool RangeFree(std::uint64_t seg_id, std::uint64_t start, std::uint64_t n,
                  Stream s) const {
     auto sit = segs.find(seg_id);
     if (sit == segs.end()) return false;
@@ -554,36 +611,152 @@ struct Lake::Impl {
     Record(true, addr, a.size, a.stream, state);
   }
 
+  // ---- releasing driver resources ------------------------------------------
+
+  // Calls the driver (lock released) for what is left of `u`, in order, and
+  // keeps in `u` what still failed. Returns kOk or the first failure, whose
+  // call is named in *what.
+  Status Teardown(Unreleased& u, const char** what) {
+    Status first = Status::kOk;
+    auto fail = [&](Status s, const char* call) {
+      if (first == Status::kOk) {
+        first = s;
+        if (what) *what = call;
+      }
+    };
+    std::size_t keep = 0;
+    for (std::size_t i = 0; i < u.maps.size(); ++i) {
+      const Status s = drv.unmap(u.maps[i].first, u.maps[i].second);
+      if (s != Status::kOk) {
+        fail(s, "unmap");
+        u.maps[keep++] = u.maps[i];
+      }
+    }
+    u.maps.resize(keep);
+    if (u.handle != 0) {
+      const Status s = drv.release(u.handle);
+      if (s == Status::kOk)
+        u.handle = 0;
+      else
+        fail(s, "release");
+    }
+    if (u.va != 0 && u.maps.empty()) {
+      const Status s = drv.address_free(u.va, u.va_bytes);
+      if (s == Status::kOk)
+        u.va = 0;
+      else
+        fail(s, "address_free");
+    }
+    return first;
+  }
+
+  // Keeps what a failed teardown left (lock held), to retry later.
+  void Keep(Unreleased&& u) {
+    if (u.done()) return;
+    st.bytes_unreleased.add(static_cast<std::int64_t>(u.held()));
+    st.unreleased.add(1);
+    unreleased.push_back(std::move(u));
+  }
+
+  // Retries every kept resource (lock released meanwhile). Returns the
+  // physical bytes the driver gave back. On a failure, *status (if kOk) and
+  // *error (if empty) take the first one.
+  std::size_t RetryUnreleased(std::unique_lock<std::mutex>& lk,
+                              Status* status, std::string* error) {
+    if (unreleased.empty()) return 0;
+    std::vector<Unreleased> work = std::move(unreleased);
+    unreleased.clear();
+    std::vector<std::size_t> before;
+    for (const Unreleased& u : work) before.push_back(u.held());
+    std::size_t held_before = 0;
+    for (std::size_t b : before) held_before += b;
+    retrying += work.size();
+    retrying_held += held_before;
+    lk.unlock();
+    Status first = Status::kOk;
+    const char* what = "";
+    std::uint64_t failures = 0;
+    for (Unreleased& u : work) {
+      const char* w = "";
+      const Status s = Teardown(u, &w);
+      if (s == Status::kOk) continue;
+      ++failures;
+      if (first == Status::kOk) {
+        first = s;
+        what = w;
+      }
+    }
+    lk.lock();
+    retrying -= work.size();
+    retrying_held -= held_before;
+    std::size_t freed = 0;
+    for (std::size_t i = 0; i < work.size(); ++i) {
+      const std::size_t after = work[i].held();
+      freed += before[i] - after;
+      st.bytes_unreleased.add(static_cast<std::int64_t>(after) -
+                              static_cast<std::int64_t>(before[i]));
+      if (work[i].done()) {
+        st.unreleased.add(-1);
+        ++changes;
+      } else {
+        if (after != before[i]) ++changes;
+        unreleased.push_back(std::move(work[i]));
+      }
+    }
+    st.driver_errors += failures;
+    if (first != Status::kOk) Report(first, what, status, error);
+    return freed;
+  }
+
+  // Passes a release failure to a caller that asked for the release.
+  void Report(Status s, const char* what, Status* status,
+              std::string* error) {
+    if (status && *status == Status::kOk) *status = s;
+    if (error && error->empty())
+      *error = std::string("driver call ") + what + " failed (" +
+               vmm::StatusName(s) + ")";
+  }
+
   // ---- segments --------------------------------------------------------------
 
   // Creates a segment of n chunks (lock released during driver calls).
   // Capacity must have been claimed in pending_bytes by the caller.
-  Status CreateSegment(std::unique_lock<std::mutex>& lk, std::uint32_t n,
-                       std::uint32_t* seg_out) {
+  Status CreateSegment(std::unique_lock<std::mutex>& lk, std::uint64_t n,
+                       std::uint64_t* seg_out) {
     const std::size_t bytes = std::size_t{n} * gran;
     lk.unlock();
     std::uintptr_t va = 0;
     Handle h = 0;
     Status s = drv.reserve(bytes, &va);
+    Unreleased undo;  // what a failure must give back
+    Status us = Status::kOk;
     if (s == Status::kOk) {
+      undo.va = va;
+      undo.va_bytes = bytes;
       s = drv.create(bytes, &h);
       if (s == Status::kOk) {
+        undo.handle = h;
+        undo.phys = bytes;
         s = drv.map(va, bytes, 0, h);
         if (s == Status::kOk) {
+          undo.maps.emplace_back(va, bytes);
           s = drv.set_access(va, bytes);
-          if (s != Status::kOk) drv.unmap(va, bytes);
         }
-        if (s != Status::kOk) drv.release(h);
       }
-      if (s != Status::kOk) drv.address_free(va, bytes);
+      if (s != Status::kOk) us = Teardown(undo, nullptr);
     }
     lk.lock();
     pending_bytes -= bytes;
     if (s != Status::kOk) {
+      ++changes;  // the claimed capacity is free again
       if (s != Status::kOutOfMemory) ++st.driver_errors;
+      if (us != Status::kOk) {
+        ++st.driver_errors;
+        Keep(std::move(undo));
+      }
       return s;
     }
-    const std::uint32_t id = next_seg++;
+    const std::uint64_t id = next_seg++;
     Segment& seg = segs.try_emplace(id, &nodes).first->second;
     seg.handle = h;
     seg.va = va;
@@ -598,19 +771,26 @@ struct Lake::Impl {
   }
 
   // Claims capacity for n new chunks; false if the capacity forbids it.
-  bool ClaimCapacity(std::uint32_t n) {
+  // Memory the driver failed to release still counts against it.
+  bool ClaimCapacity(std::uint64_t n) {
     const std::size_t bytes = std::size_t{n} * gran;
-    if (static_cast<std::size_t>(st.bytes_reserved.current) + pending_bytes +
-            bytes >
-        capacity)
-      return false;
+    const std::size_t held =
+        static_cast<std::size_t>(st.bytes_reserved.current) + pending_bytes +
+        releasing_bytes +
+        static_cast<std::size_t>(st.bytes_unreleased.current);
+    if (n > capacity / gran || held + bytes > capacity) return false;
     pending_bytes += bytes;
     return true;
   }
 
   // Releases every segment that is wholly free, safe and not mapped by a
-  // stitched range. Returns bytes released.
-  std::size_t ReleaseFreeSegments(std::unique_lock<std::mutex>& lk) {
+  // stitched range (merging free neighbours first). Returns the bytes the
+  // driver gave back; a driver failure keeps the rest for a retry and is
+  // passed to *status / *error when given.
+  std::size_t ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
+                                  Status* status = nullptr,
+                                  std::string* error = nullptr) {
+    Coalesce();
     std::vector<Segment> doomed;
     for (auto it = segs.begin(); it != segs.end();) {
       Segment& seg = it->second;
@@ -625,79 +805,110 @@ struct Lake::Impl {
       }
     }
     if (doomed.empty()) return 0;
-    std::size_t released = 0;
-    for (const Segment& seg : doomed) {
+    std::vector<Unreleased> undo(doomed.size());
+    for (std::size_t i = 0; i < doomed.size(); ++i) {
+      const Segment& seg = doomed[i];
       const std::size_t bytes = std::size_t{seg.nchunks} * gran;
       st.bytes_reserved.add(-static_cast<std::int64_t>(bytes));
       st.segments.add(-1);
       ++st.segments_released;
-      released += bytes;
+      undo[i].maps.emplace_back(seg.va, bytes);
+      undo[i].handle = seg.handle;
+      undo[i].va = seg.va;
+      undo[i].va_bytes = bytes;
+      undo[i].phys = bytes;
     }
+    // Whatever fails below stays counted (bytes_unreleased) until a retry
+    // succeeds; only what the driver gave back is reported released. Until
+    // the driver answers, the bytes still count against the capacity.
+    std::size_t releasing = 0;
+    for (const Unreleased& u : undo) releasing += u.phys;
+    releasing_bytes += releasing;
     lk.unlock();
-    int errors = 0;
-    for (const Segment& seg : doomed) {
-      const std::size_t bytes = std::size_t{seg.nchunks} * gran;
-      // The memory is gone from the lake whatever the driver says; a failure
-      // here is counted, not retried.
-      if (drv.unmap(seg.va, bytes) != Status::kOk) ++errors;
-      if (drv.release(seg.handle) != Status::kOk) ++errors;
-      if (drv.address_free(seg.va, bytes) != Status::kOk) ++errors;
+    std::vector<Status> result(doomed.size());
+    const char* what = "";
+    for (std::size_t i = 0; i < doomed.size(); ++i) {
+      const char* w = "";
+      result[i] = Teardown(undo[i], &w);
+      if (result[i] != Status::kOk && *what == '\0') what = w;
     }
     lk.lock();
-    st.driver_errors += static_cast<std::uint64_t>(errors);
+    releasing_bytes -= releasing;
+    ++changes;
+    std::size_t released = 0;
+    Status first = Status::kOk;
+    for (std::size_t i = 0; i < doomed.size(); ++i) {
+      if (result[i] == Status::kOk) {
+        released += undo[i].phys;
+        continue;
+      }
+      ++st.driver_errors;
+      if (first == Status::kOk) first = result[i];
+      released += undo[i].phys - undo[i].held();
+      Keep(std::move(undo[i]));
+    }
+    if (first != Status::kOk) Report(first, what, status, error);
     return released;
   }
 
   // ---- stitched ranges -------------------------------------------------------
 
   void StitchRefs(const Stitched& r, int delta) {
-    std::set<std::uint32_t> seen;
+    std::set<std::uint64_t> seen;
     for (const Piece& p : r.pieces)
       if (seen.insert(p.seg).second)
-        segs.at(p.seg).stitch_refs += static_cast<std::uint32_t>(delta);
+        segs.at(p.seg).stitch_refs += static_cast<std::uint64_t>(delta);
   }
 
   // Calls f(seg, start, n) for each run of the first `used` units of the
   // range's block (after its lead), one run per piece, in order.
   template <typename F>
-  static void ForUsed(const Stitched& r, std::uint32_t used, F&& f) {
-    std::uint32_t skip = r.lead;
+  static void ForUsed(const Stitched& r, std::uint64_t used, F&& f) {
+    std::uint64_t skip = r.lead;
     for (const Piece& p : r.pieces) {
       if (used == 0) break;
-      const std::uint32_t d = std::min(skip, p.n);
+      const std::uint64_t d = std::min(skip, p.n);
       skip -= d;
       if (d == p.n) continue;
-      const std::uint32_t k = std::min(used, p.n - d);
+      const std::uint64_t k = std::min(used, p.n - d);
       f(p.seg, p.start + d, k);
       used -= k;
     }
   }
 
   // Unmaps a stitched range that is not in use (lock released meanwhile).
-  void DropStitched(std::unique_lock<std::mutex>& lk, std::uint64_t id) {
+  // A driver failure keeps what is left for a retry; kOk or that failure.
+  Status DropStitched(std::unique_lock<std::mutex>& lk, std::uint64_t id,
+                      const char** what = nullptr) {
     Stitched& r = stitched.at(id);
     if (r.cached) {
       lru.erase(r.lru);
       r.cached = false;
     }
     r.dropping = true;
-    const std::uintptr_t va = r.va;
-    const std::vector<Piece> pieces = r.pieces;
-    lk.unlock();
-    int errors = 0;
-    std::uintptr_t at = va;
-    for (const Piece& p : pieces) {
-      if (drv.unmap(at, std::size_t{p.n} * unit) != Status::kOk) ++errors;
+    Unreleased undo;
+    undo.va = r.va;
+    std::uintptr_t at = r.va;
+    for (const Piece& p : r.pieces) {
+      undo.maps.emplace_back(at, std::size_t{p.n} * unit);
       at += std::size_t{p.n} * unit;
     }
-    if (drv.address_free(va, at - va) != Status::kOk) ++errors;
+    undo.va_bytes = at - r.va;
+    const std::size_t bytes = undo.va_bytes;
+    lk.unlock();
+    const Status s = Teardown(undo, what);
     lk.lock();
-    st.driver_errors += static_cast<std::uint64_t>(errors);
     Stitched& r2 = stitched.at(id);
     StitchRefs(r2, -1);
-    st.stitched_bytes.add(-static_cast<std::int64_t>(at - va));
+    st.stitched_bytes.add(-static_cast<std::int64_t>(bytes));
     ++st.stitch_evictions;
     stitched.erase(id);
+    ++changes;
+    if (s != Status::kOk) {
+      ++st.driver_errors;
+      Keep(std::move(undo));
+    }
+    return s;
   }
 
   // Drops cached stitched ranges, oldest first, while `keep` is exceeded.
@@ -705,7 +916,8 @@ struct Lake::Impl {
   // stream record no events by themselves, so when no cached range is known
   // to be safe, the streams' events are advanced (recorded and queried,
   // never waited for) once before giving up.
-  void TrimCache(std::unique_lock<std::mutex>& lk, std::size_t keep) {
+  void TrimCache(std::unique_lock<std::mutex>& lk, std::size_t keep,
+                 Status* status = nullptr, std::string* error = nullptr) {
     bool advanced = false;
     while (lru.size() > keep) {
       std::uint64_t victim = 0;
@@ -719,14 +931,16 @@ struct Lake::Impl {
         advanced = true;
         continue;
       }
-      DropStitched(lk, victim);
+      const char* what = "";
+      const Status s = DropStitched(lk, victim, &what);
+      if (s != Status::kOk) Report(s, what, status, error);
     }
   }
 
   // ---- the allocation states -------------------------------------------------
 
   // A free block of >= n chunks usable by stream s (best fit), or false.
-  bool FindFit(std::uint32_t n, Stream s, FreeKey* out) const {
+  bool FindFit(std::uint64_t n, Stream s, FreeKey* out) const {
     auto it = free_index.lower_bound(FreeKey(n, 0, 0));
     if (OnlyStream(s)) {  // every free block is usable: no tag to look at
       if (it == free_index.end()) return false;
@@ -747,9 +961,9 @@ struct Lake::Impl {
   // a new segment of whole chunks (the rest of its last chunk stays free).
   // kOutOfMemory when neither is possible; *how tells which.
   // `found`: a fit the caller already found (FindFit), if any.
-  Status ClaimPrimary(std::unique_lock<std::mutex>& lk, std::uint32_t n,
+  Status ClaimPrimary(std::unique_lock<std::mutex>& lk, std::uint64_t n,
                       Stream s, BlockState state, std::uint64_t owner,
-                      std::uint32_t* seg_out, std::uint32_t* start_out,
+                      std::uint64_t* seg_out, std::uint64_t* start_out,
                       AllocState* how, const FreeKey* found = nullptr) {
     FreeKey fit;
     if (found != nullptr ? (fit = *found, true) : FindFit(n, s, &fit)) {
@@ -760,7 +974,7 @@ struct Lake::Impl {
       *how = len == n ? AllocState::fit : AllocState::split;
       return Status::kOk;
     }
-    const std::uint32_t chunks = ChunkUp(n) / cu;
+    const std::uint64_t chunks = ChunkUp(n) / cu;
     if (!ClaimCapacity(chunks)) return Status::kOutOfMemory;
     Status cs = CreateSegment(lk, chunks, seg_out);
     if (cs != Status::kOk) return cs;
@@ -772,31 +986,43 @@ struct Lake::Impl {
 
   // Runs `attempt` (returning kOutOfMemory when memory is short) and, while
   // it fails for lack of memory, reclaims in rising cost: query stream
-  // events, wait for them, then drop cached stitched ranges and release free
-  // segments.
+  // events, wait for them, then retry failed releases, drop cached stitched
+  // ranges and release free segments. Each step may release the lock; the
+  // attempt is retried after a step that made progress and also after any
+  // change made meanwhile by other threads (frees, releases, completed
+  // events: the `changes` count), and the steps start over (a bounded number
+  // of times) while such changes keep coming.
+  static constexpr int kReclaimRestarts = 2;
+
   template <typename F>
   Status WithReclaim(std::unique_lock<std::mutex>& lk, F&& attempt) {
+    std::uint64_t seen = changes;
     Status r = attempt();
     if (r != Status::kOutOfMemory) return r;
     ++st.reclaims;
-    for (int round = 0; round < 3; ++round) {
-      bool progress = false;
-      if (round == 0) {
-        progress = AdvanceStreams();
-      } else if (round == 1) {
-        progress = WaitStreams(lk);
-      } else {
-        const std::size_t cached = lru.size();
-        TrimCache(lk, 0);
-        progress = ReleaseFreeSegments(lk) > 0 || lru.size() != cached;
+    for (int restart = 0;; ++restart) {
+      for (int round = 0; round < 3; ++round) {
+        bool progress = false;
+        if (round == 0) {
+          progress = AdvanceStreams();
+        } else if (round == 1) {
+          progress = WaitStreams(lk);
+        } else {
+          const std::size_t cached = lru.size();
+          progress = RetryUnreleased(lk, nullptr, nullptr) > 0;
+          TrimCache(lk, 0);
+          progress = ReleaseFreeSegments(lk) > 0 || progress ||
+                     lru.size() != cached;
+        }
+        if (!progress && changes == seen) continue;
+        Coalesce();
+        FlushDeferredSmall();
+        seen = changes;
+        r = attempt();
+        if (r != Status::kOutOfMemory) return r;
       }
-      if (!progress) continue;
-      Coalesce();
-      FlushDeferredSmall();
-      r = attempt();
-      if (r != Status::kOutOfMemory) return r;
+      if (changes == seen || restart >= kReclaimRestarts) return r;
     }
-    return Status::kOutOfMemory;
   }
 
   Alloc StitchedAlloc(std::uint64_t id, std::size_t size, Stream s) const {
@@ -818,7 +1044,7 @@ struct Lake::Impl {
   // reuses the ranges its previous step freed, which come first).
   static constexpr int kReuseCandidates = 8;
 
-  bool TryReuse(std::uint32_t n, Stream s, std::size_t size,
+  bool TryReuse(std::uint64_t n, Stream s, std::size_t size,
                 std::uintptr_t* addr) {
     int candidates = 0;
     for (auto it = lru.begin(); it != lru.end(); ++it) {
@@ -828,8 +1054,8 @@ struct Lake::Impl {
       // Reusing the range's VA from another stream needs its last use done.
       if (!Usable(r.tag, s)) continue;
       bool ok = true;
-      ForUsed(r, n, [&](std::uint32_t seg, std::uint32_t start,
-                        std::uint32_t k) {
+      ForUsed(r, n, [&](std::uint64_t seg, std::uint64_t start,
+                        std::uint64_t k) {
         ok = ok && RangeFree(seg, start, k, s);
       });
       if (!ok) continue;
@@ -837,8 +1063,8 @@ struct Lake::Impl {
       lru.erase(it);
       r.cached = false;
       r.used = n;
-      ForUsed(r, n, [&](std::uint32_t seg, std::uint32_t start,
-                        std::uint32_t k) {
+      ForUsed(r, n, [&](std::uint64_t seg, std::uint64_t start,
+                        std::uint64_t k) {
         Carve(seg, start, k, BlockState::kLent, id);
       });
       *addr = StitchedAddress(r);
@@ -857,26 +1083,26 @@ struct Lake::Impl {
   // may lead the range (*lead: the units of its chunk before it) when it
   // saves a chunk of the shortfall (best fit among those). Returns the
   // units the plan covers after the lead.
-  std::uint32_t PlanStitch(std::uint32_t n, Stream s,
-                           std::vector<Piece>* plan, std::uint32_t* lead) {
-    std::uint32_t got = 0;
+  std::uint64_t PlanStitch(std::uint64_t n, Stream s,
+                           std::vector<Piece>* plan, std::uint64_t* lead) {
+    std::uint64_t got = 0;
     *lead = 0;
     for (auto it = free_index.rbegin(); it != free_index.rend() && got < n;
          ++it) {
       auto [len, seg_id, start] = *it;
       if (len < cu) break;  // no whole chunk in this block or any after it
-      const std::uint32_t a = ChunkUp(start);
-      const std::uint32_t b = ChunkDown(start + len);
+      const std::uint64_t a = ChunkUp(start);
+      const std::uint64_t b = ChunkDown(start + len);
       if (b <= a) continue;
       if (!Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
-      const std::uint32_t k = std::min(b - a, ChunkUp(n - got));
+      const std::uint64_t k = std::min(b - a, ChunkUp(n - got));
       plan->push_back(Piece{seg_id, a, k});
       got += k;
       if (opt.max_pieces && plan->size() >= opt.max_pieces) break;
     }
     if (got < n) {
-      const std::uint32_t need = n - got;
-      const std::uint32_t rem = need - (ChunkUp(need) - cu);  // 1..cu
+      const std::uint64_t need = n - got;
+      const std::uint64_t rem = need - (ChunkUp(need) - cu);  // 1..cu
       const bool room = !opt.max_pieces || plan->size() + 2 <= opt.max_pieces;
       int seen = 0;
       for (auto it = free_index.lower_bound(FreeKey(rem, 0, 0));
@@ -886,7 +1112,7 @@ struct Lake::Impl {
         if ((start + len) % cu != 0) continue;
         ++seen;
         if (!Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
-        const std::uint32_t c = start + len - cu;
+        const std::uint64_t c = start + len - cu;
         plan->insert(plan->begin(), Piece{seg_id, c, cu});
         *lead = start - c;
         got += len;
@@ -929,18 +1155,26 @@ struct Lake::Impl {
         done_bytes += pb;
       }
       if (s == Status::kOk) s = drv.set_access(va, bytes);
-      if (s != Status::kOk) {
-        std::uintptr_t at = va;
-        for (std::size_t i = 0; i < mapped; ++i) {
-          drv.unmap(at, std::size_t{pieces[i].n} * unit);
-          at += std::size_t{pieces[i].n} * unit;
-        }
-        drv.address_free(va, bytes);
+    }
+    Unreleased undo;
+    Status us = Status::kOk;
+    if (s != Status::kOk && va != 0) {
+      undo.va = va;
+      undo.va_bytes = bytes;
+      std::uintptr_t at = va;
+      for (std::size_t i = 0; i < mapped; ++i) {
+        undo.maps.emplace_back(at, std::size_t{pieces[i].n} * unit);
+        at += std::size_t{pieces[i].n} * unit;
       }
+      us = Teardown(undo, nullptr);
     }
     lk.lock();
     Stitched& r = stitched.at(id);
     r.mapping = false;
+    if (us != Status::kOk) {
+      ++st.driver_errors;
+      Keep(std::move(undo));
+    }
     if (s != Status::kOk) return s;
     r.va = va;
     st.stitched_bytes.add(static_cast<std::int64_t>(bytes));
@@ -955,8 +1189,8 @@ struct Lake::Impl {
     Stitched& r = stitched.at(id);
     StitchRefs(r, -1);
     std::vector<Piece> runs;
-    ForUsed(r, r.used, [&](std::uint32_t seg, std::uint32_t start,
-                           std::uint32_t k) {
+    ForUsed(r, r.used, [&](std::uint64_t seg, std::uint64_t start,
+                           std::uint64_t k) {
       runs.push_back(Piece{seg, start, k});
     });
     for (std::size_t i = 0; i < runs.size(); ++i)
@@ -968,15 +1202,15 @@ struct Lake::Impl {
   // shortfall) into a range for n units. Returns kOk and sets *addr on
   // success; kOutOfMemory if stitching cannot serve the request (nothing
   // changed).
-  Status TryStitch(std::unique_lock<std::mutex>& lk, std::uint32_t n,
+  Status TryStitch(std::unique_lock<std::mutex>& lk, std::uint64_t n,
                    Stream s, std::size_t size, std::uintptr_t* addr,
                    AllocState* state) {
     if (!opt.stitch || size < opt.stitch_min) return Status::kOutOfMemory;
     std::vector<Piece> plan;
-    std::uint32_t lead = 0;
-    const std::uint32_t got = PlanStitch(n, s, &plan, &lead);
+    std::uint64_t lead = 0;
+    const std::uint64_t got = PlanStitch(n, s, &plan, &lead);
     if (plan.empty()) return Status::kOutOfMemory;
-    const std::uint32_t shortfall = got < n ? ChunkUp(n - got) / cu : 0;
+    const std::uint64_t shortfall = got < n ? ChunkUp(n - got) / cu : 0;
     if (shortfall > 0 && (!opt.stitch_grow || !ClaimCapacity(shortfall)))
       return Status::kOutOfMemory;
     bool grew = false;
@@ -989,14 +1223,14 @@ struct Lake::Impl {
     r0.used = got;
     // Claim the planned units before releasing the lock.
     std::vector<Tag> tags;
-    ForUsed(r0, got, [&](std::uint32_t seg, std::uint32_t start,
-                         std::uint32_t k) {
+    ForUsed(r0, got, [&](std::uint64_t seg, std::uint64_t start,
+                         std::uint64_t k) {
       tags.push_back(BlockAt(seg, start).tag);
       Carve(seg, start, k, BlockState::kLent, id);
     });
     StitchRefs(r0, +1);
     if (shortfall > 0) {
-      std::uint32_t seg_id = 0;
+      std::uint64_t seg_id = 0;
       Status cs = CreateSegment(lk, shortfall, &seg_id);
       if (cs != Status::kOk) {
         AbandonStitched(id, tags);
@@ -1026,7 +1260,7 @@ struct Lake::Impl {
 
   // One pass of the large-request states for n units. kOutOfMemory:
   // nothing fit.
-  Status LargeOnce(std::unique_lock<std::mutex>& lk, std::uint32_t n,
+  Status LargeOnce(std::unique_lock<std::mutex>& lk, std::uint64_t n,
                    Stream s, std::size_t size, std::uintptr_t* addr,
                    AllocState* state) {
     FreeKey fit;
@@ -1050,7 +1284,7 @@ struct Lake::Impl {
       Status r = TryStitch(lk, n, s, size, addr, state);
       if (r != Status::kOutOfMemory) return r;
     }
-    std::uint32_t seg = 0, start = 0;
+    std::uint64_t seg = 0, start = 0;
     Status r = ClaimPrimary(lk, n, s, BlockState::kLive, 0, &seg, &start,
                             state, found ? &fit : nullptr);
     if (r != Status::kOk) return r;
@@ -1071,9 +1305,9 @@ struct Lake::Impl {
   // A new slab for stream s: one primary block (never a stitch, which would
   // tie a stitched range to the long-lived small pool).
   Status NewSlab(std::unique_lock<std::mutex>& lk, Stream s) {
-    const auto n = static_cast<std::uint32_t>(slab_bytes / unit);
+    const auto n = static_cast<std::uint64_t>(slab_bytes / unit);
     const std::uint64_t id = next_id++;
-    std::uint32_t seg = 0, start = 0;
+    std::uint64_t seg = 0, start = 0;
     AllocState how;
     Status r =
         ClaimPrimary(lk, n, s, BlockState::kSlab, id, &seg, &start, &how);
@@ -1124,6 +1358,7 @@ struct Lake::Impl {
   // Returns a small range to its slab, merging neighbours; an empty slab
   // goes back to the large pool.
   void ReturnSmall(std::uint64_t slab_id, std::size_t off, std::size_t len) {
+    ++changes;
     Slab& sl = slabs.at(slab_id);
     auto& pool = small_free[sl.stream];
     sl.used -= len;
@@ -1151,7 +1386,7 @@ struct Lake::Impl {
     // stream the slab served (its last uses were all ordered on it).
     slab_by_base.erase(sl.base);
     st.bytes_small_reserved.add(-static_cast<std::int64_t>(sl.bytes));
-    const std::uint32_t seg = sl.seg, start = sl.start;
+    const std::uint64_t seg = sl.seg, start = sl.start;
     const Stream owner_stream = sl.stream;
     slabs.erase(slab_id);
     MakeFree(seg, start, FreeTag(owner_stream));
@@ -1177,6 +1412,7 @@ struct Lake::Impl {
   }
 
   void FlushDeferredSmall() {
+    if (deferred_small.empty()) return;
     std::size_t keep = 0;
     for (std::size_t i = 0; i < deferred_small.size(); ++i) {
       const Deferred d = deferred_small[i];
@@ -1192,8 +1428,12 @@ struct Lake::Impl {
                std::uintptr_t* addr) {
     const std::size_t len = RoundUp(size, opt.alignment);
     if (SmallFromPool(size, len, s, addr)) return Status::kOk;
+    // Ranges freed on other streams come back once those frees are
+    // complete, whoever saw them complete (another call may have advanced
+    // the streams already).
     if (!deferred_small.empty()) {
-      if (AdvanceStreams()) FlushDeferredSmall();
+      AdvanceStreams();
+      FlushDeferredSmall();
       if (SmallFromPool(size, len, s, addr)) return Status::kOk;
     }
     Status r = WithReclaim(lk, [&] { return NewSlab(lk, s); });
@@ -1207,11 +1447,11 @@ struct Lake::Impl {
   std::string Check() const {
     std::ostringstream e;
     std::size_t reserved = 0, free_blocks = 0;
-    std::unordered_map<std::uint64_t, std::uint32_t> lent_by;  // id -> chunks
-    std::unordered_map<std::uint32_t, std::uint32_t> refs;
+    std::unordered_map<std::uint64_t, std::uint64_t> lent_by;  // id -> chunks
+    std::unordered_map<std::uint64_t, std::uint64_t> refs;
     for (const auto& [id, r] : stitched) {
-      std::set<std::uint32_t> seen;
-      std::uint32_t total = 0;
+      std::set<std::uint64_t> seen;
+      std::uint64_t total = 0;
       for (const Piece& p : r.pieces) {
         if (!segs.count(p.seg)) {
           e << "stitched range " << id << " maps missing segment " << p.seg;
@@ -1238,14 +1478,14 @@ struct Lake::Impl {
     }
     for (const auto& [id, seg] : segs) {
       reserved += std::size_t{seg.nchunks} * gran;
-      std::uint32_t at = 0;
+      std::uint64_t at = 0;
       for (const auto& [start, b] : seg.blocks) {
         if (start != at || b.end <= start || b.end > seg.nchunks * cu) {
           e << "segment " << id << " blocks do not tile it at chunk " << start;
           return e.str();
         }
         at = b.end;
-        const std::uint32_t n = b.end - start;
+        const std::uint64_t n = b.end - start;
         if (b.state == BlockState::kFree) {
           ++free_blocks;
           if (!free_index.count(FreeKey(n, id, start))) {
@@ -1262,7 +1502,7 @@ struct Lake::Impl {
           bool inside = false;
           const Stitched& r = rit->second;
           ForUsed(r, r.used,
-                  [&](std::uint32_t sg, std::uint32_t s0, std::uint32_t k) {
+                  [&](std::uint64_t sg, std::uint64_t s0, std::uint64_t k) {
                     if (sg == id && start >= s0 && b.end <= s0 + k)
                       inside = true;
                   });
@@ -1293,7 +1533,7 @@ struct Lake::Impl {
           << seg.nchunks * cu;
         return e.str();
       }
-      const std::uint32_t want = refs.count(id) ? refs.at(id) : 0;
+      const std::uint64_t want = refs.count(id) ? refs.at(id) : 0;
       if (seg.stitch_refs != want) {
         e << "segment " << id << " stitch_refs " << seg.stitch_refs
           << ", expected " << want;
@@ -1308,8 +1548,8 @@ struct Lake::Impl {
     std::size_t stitched_va = 0, cached = 0;
     for (const auto& [id, r] : stitched) {
       if (!r.mapping) stitched_va += std::size_t{r.nunits} * unit;
-      const std::uint32_t lent = lent_by.count(id) ? lent_by.at(id) : 0;
-      const std::uint32_t want = r.used;
+      const std::uint64_t lent = lent_by.count(id) ? lent_by.at(id) : 0;
+      const std::uint64_t want = r.used;
       if (lent != want) {
         e << "stitched range " << id << " has " << lent
           << " chunks lent, expected " << want;
@@ -1372,8 +1612,20 @@ struct Lake::Impl {
     gauge("stitched_bytes", st.stitched_bytes.current, stitched_va);
     gauge("segments", st.segments.current, segs.size());
     gauge("live_allocations", st.live_allocations.current, live.size());
-    if (e.tellp() == 0 && reserved + pending_bytes > capacity)
-      e << "reserved " << reserved << " bytes exceed capacity " << capacity;
+    std::size_t held = retrying_held;
+    for (const Unreleased& u : unreleased) {
+      held += u.held();
+      if (u.done()) {
+        e << "a released resource is still in the unreleased list";
+        return e.str();
+      }
+    }
+    gauge("unreleased", st.unreleased.current, unreleased.size() + retrying);
+    gauge("bytes_unreleased", st.bytes_unreleased.current, held);
+    if (e.tellp() == 0 &&
+        reserved + pending_bytes + releasing_bytes + held > capacity)
+      e << "reserved " << reserved << " bytes (and " << held
+        << " unreleased) exceed capacity " << capacity;
     return e.str();
   }
 
@@ -1420,12 +1672,23 @@ Lake::~Lake() {
   for (std::uint64_t id : ids) m.DropStitched(lk, id);
   for (auto& [id, seg] : m.segs) {
     const std::size_t bytes = std::size_t{seg.nchunks} * m.gran;
-    m.drv.unmap(seg.va, bytes);
-    m.drv.release(seg.handle);
-    m.drv.address_free(seg.va, bytes);
+    Unreleased u;
+    u.maps.emplace_back(seg.va, bytes);
+    u.handle = seg.handle;
+    u.va = seg.va;
+    u.va_bytes = bytes;
+    u.phys = bytes;
+    if (m.Teardown(u, nullptr) != Status::kOk) m.Keep(std::move(u));
   }
+  m.segs.clear();
+  // What failed before, and just now, is retried twice more; what still
+  // fails is lost (the lake is gone).
+  for (int attempt = 0; attempt < 2; ++attempt)
+    for (Unreleased& u : m.unreleased)
+      if (!u.done()) m.Teardown(u, nullptr);
   for (auto& [s, ss] : m.streams)
-    if (ss.event) m.drv.event_destroy(ss.event);
+    if (ss.event && m.drv.event_destroy(ss.event) != Status::kOk)
+      m.drv.event_destroy(ss.event);
 }
 
 Status Lake::allocate(std::size_t nbytes, Stream stream,
@@ -1444,7 +1707,7 @@ Status Lake::allocate(std::size_t nbytes, Stream stream,
     if (chunks > m.capacity / m.gran) {
       r = Status::kOutOfMemory;
     } else {
-      const auto n = static_cast<std::uint32_t>(RoundUp(nbytes, m.unit) /
+      const auto n = static_cast<std::uint64_t>(RoundUp(nbytes, m.unit) /
                                                 m.unit);
       r = m.WithReclaim(lk, [&] {
         return m.LargeOnce(lk, n, stream, nbytes, address, state);
@@ -1488,8 +1751,8 @@ Status Lake::free(std::uintptr_t address, Stream stream) {
       const Tag tag = m.FreeTag(stream);
       Stitched& r = m.stitched.at(a.owner);
       std::vector<Piece> used;
-      Impl::ForUsed(r, r.used, [&](std::uint32_t seg, std::uint32_t start,
-                                   std::uint32_t k) {
+      Impl::ForUsed(r, r.used, [&](std::uint64_t seg, std::uint64_t start,
+                                   std::uint64_t k) {
         used.push_back(Piece{seg, start, k});
       });
       r.used = 0;
@@ -1512,12 +1775,33 @@ std::size_t Lake::allocation_size(std::uintptr_t address) const {
   return it == impl_->live.end() ? 0 : it->second.size;
 }
 
-std::size_t Lake::empty_cache() {
+std::size_t Lake::empty_cache(Status* status) {
   Impl& m = *impl_;
   std::unique_lock<std::mutex> lk(m.mu);
-  if (m.AdvanceStreams()) m.Coalesce();
-  m.TrimCache(lk, 0);
-  const std::size_t released = m.ReleaseFreeSegments(lk);
+  Status first = Status::kOk;
+  std::string error;
+  // Whatever the streams' state (another call may have advanced them
+  // already): bring back small ranges freed on other streams, then fence
+  // the frees that made (and the slabs they emptied).
+  m.AdvanceStreams();
+  if (!m.deferred_small.empty()) {
+    m.FlushDeferredSmall();
+    m.AdvanceStreams();
+  }
+  std::size_t released = m.RetryUnreleased(lk, &first, &error);
+  m.TrimCache(lk, 0, &first, &error);
+  released += m.ReleaseFreeSegments(lk, &first, &error);  // merges first
+  if (first != Status::kOk) {
+    m.last_error = "empty_cache: " + error + "; " +
+                   std::to_string(m.st.unreleased.current) +
+                   " driver resources (" +
+                   Bytes(static_cast<std::size_t>(
+                       m.st.bytes_unreleased.current)) +
+                   " of memory) are kept and retried by the next "
+                   "empty_cache(): " +
+                   m.Describe();
+  }
+  if (status) *status = first;
   m.DebugCheck();
   return released;
 }
@@ -1565,15 +1849,15 @@ LakeSnapshot Lake::snapshot() const {
   // A chunk takes the state of the units that matter most in it: lent,
   // else live, else slab; it is free only when all its units are free
   // (the chunks stitching can take), and pending when any of them is.
-  std::unordered_map<std::uint64_t, std::uint32_t> lent_chunks;
+  std::unordered_map<std::uint64_t, std::uint64_t> lent_chunks;
   for (const auto& [id, seg] : m.segs) {
     SnapshotSegment s;
     s.id = id;
     s.va = seg.va;
     s.nchunks = seg.nchunks;
     auto it = seg.blocks.begin();
-    for (std::uint32_t c = 0; c < seg.nchunks; ++c) {
-      const std::uint32_t lo = c * m.cu, hi = lo + m.cu;
+    for (std::uint64_t c = 0; c < seg.nchunks; ++c) {
+      const std::uint64_t lo = c * m.cu, hi = lo + m.cu;
       while (it != seg.blocks.end() && it->second.end <= lo) ++it;
       SnapshotRun r;
       r.start = c;

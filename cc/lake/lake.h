@@ -27,8 +27,10 @@
 //   stitch grow   as above, creating only the shortfall as a new segment
 //   grow          a new segment of the whole chunks n units need (the rest
 //                 of its last chunk stays free)
-//   reclaim       wait for pending events, drop cached stitched ranges,
-//                 release free segments, retry; then out of memory.
+//   reclaim       wait for pending events, retry failed releases, drop
+//                 cached stitched ranges, release free segments, retry
+//                 (also after changes other threads made meanwhile); then
+//                 out of memory.
 //
 // Thread safety: all public methods may be called concurrently. One mutex
 // guards the bookkeeping; driver calls that create, map or unmap memory are
@@ -119,8 +121,8 @@ enum class ChunkState : std::uint8_t {
 };
 
 struct SnapshotRun {
-  std::uint32_t start = 0;  // first chunk
-  std::uint32_t end = 0;    // one past the last chunk
+  std::uint64_t start = 0;  // first chunk
+  std::uint64_t end = 0;    // one past the last chunk
   ChunkState state = ChunkState::kFree;
   std::uint64_t owner = 0;
   std::uintptr_t address = 0;
@@ -130,23 +132,23 @@ struct SnapshotRun {
 };
 
 struct SnapshotSegment {
-  std::uint32_t id = 0;
+  std::uint64_t id = 0;
   std::uintptr_t va = 0;
-  std::uint32_t nchunks = 0;
+  std::uint64_t nchunks = 0;
   std::vector<SnapshotRun> runs;  // in chunk order, tiling the segment
 };
 
 struct SnapshotPiece {
-  std::uint32_t segment = 0;
-  std::uint32_t start = 0;
-  std::uint32_t nchunks = 0;
+  std::uint64_t segment = 0;
+  std::uint64_t start = 0;
+  std::uint64_t nchunks = 0;
 };
 
 struct SnapshotStitched {
   std::uint64_t id = 0;
   std::uintptr_t va = 0;     // 0 while being mapped
-  std::uint32_t nchunks = 0;
-  std::uint32_t used = 0;    // chunks shown lent to it (see above); 0
+  std::uint64_t nchunks = 0;
+  std::uint64_t used = 0;    // chunks shown lent to it (see above); 0
                              // while it is being mapped
   bool cached = false;       // freed and kept mapped for reuse
   bool busy = false;         // being mapped or unmapped right now
@@ -155,9 +157,9 @@ struct SnapshotStitched {
 
 struct SnapshotSlab {
   std::uint64_t id = 0;
-  std::uint32_t segment = 0;
-  std::uint32_t start = 0;
-  std::uint32_t nchunks = 0;
+  std::uint64_t segment = 0;
+  std::uint64_t start = 0;
+  std::uint64_t nchunks = 0;
   std::uintptr_t base = 0;
   std::size_t bytes = 0;
   std::size_t used = 0;      // bytes handed out
@@ -194,8 +196,13 @@ class Lake {
   std::size_t allocation_size(std::uintptr_t address) const;
 
   // Drops cached stitched ranges and releases every free segment whose
-  // last use is complete. Returns the physical bytes released.
-  std::size_t empty_cache();
+  // last use is complete; first retries the releases the driver refused
+  // earlier. Returns the physical bytes the driver gave back. *status (when
+  // given) is kOk, or the first driver failure: what failed is kept, counted
+  // in the stats (unreleased, bytes_unreleased) and retried by the next
+  // empty_cache(), under memory pressure and at destruction; last_error()
+  // tells what failed.
+  std::size_t empty_cache(vmm::Status* status = nullptr);
 
   // Validates every invariant. Returns an empty string when all hold, else a
   // description of the first broken one.
@@ -205,7 +212,8 @@ class Lake {
   std::vector<TraceEvent> trace() const;
   // A readable summary of the lake's figures (used in out-of-memory errors).
   std::string describe() const;
-  // The message for the last kOutOfMemory or driver failure of allocate().
+  // The message for the last kOutOfMemory or driver failure of allocate(),
+  // or for the last driver failure of empty_cache().
   std::string last_error() const;
 
   const LakeOptions& options() const;

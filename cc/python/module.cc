@@ -148,9 +148,16 @@ class PyLake {
     return vmm::StatusName(s);
   }
 
-  std::size_t empty_cache() {
-    nb::gil_scoped_release release;
-    return lake_->empty_cache();
+  // (bytes released, status): a status other than "ok" is a driver failure
+  // whose resources the lake keeps and retries (see last_error()).
+  std::pair<std::size_t, std::string> empty_cache() {
+    vmm::Status s;
+    std::size_t released;
+    {
+      nb::gil_scoped_release release;
+      released = lake_->empty_cache(&s);
+    }
+    return {released, vmm::StatusName(s)};
   }
 
   std::string check() const {
@@ -202,7 +209,10 @@ class PyLake {
   std::string backend() const { return driver_->name(); }
 
   // Test hooks of the simulated streams (sim and host backends).
-  void hold_stream(vmm::Stream s) { sim("hold_stream").hold_stream(s); }
+  void hold_stream(vmm::Stream s, bool until_waited) {
+    sim("hold_stream").hold_stream(s, until_waited);
+  }
+  bool stream_held(vmm::Stream s) { return sim("stream_held").stream_held(s); }
   void release_stream(vmm::Stream s) { sim("release_stream").release_stream(s); }
   std::size_t physical_bytes() { return sim("physical_bytes").physical_bytes(); }
 
@@ -304,7 +314,9 @@ NB_MODULE(_core, m) {
       .def_prop_ro("capacity", &PyLake::capacity)
       .def_prop_ro("total_memory", &PyLake::total_memory)
       .def_prop_ro("backend", &PyLake::backend)
-      .def("hold_stream", &PyLake::hold_stream, "stream"_a)
+      .def("hold_stream", &PyLake::hold_stream, "stream"_a,
+           "until_waited"_a = false)
+      .def("stream_held", &PyLake::stream_held, "stream"_a)
       .def("release_stream", &PyLake::release_stream, "stream"_a)
       .def("physical_bytes", &PyLake::physical_bytes)
       .def("inject_fault", &PyLake::inject_fault, "call"_a, "nth"_a,

@@ -21,7 +21,9 @@ namespace jaxlake {
   X(bytes_small_reserved, "physical bytes held by the small-request pool")  \
   X(stitched_bytes, "virtual bytes of stitched ranges (live and cached)")   \
   X(segments, "physical handles held from the driver")                      \
-  X(live_allocations, "allocations not yet freed")
+  X(live_allocations, "allocations not yet freed")                          \
+  X(unreleased, "driver resources whose release failed, kept for a retry")  \
+  X(bytes_unreleased, "physical bytes the driver failed to release (retried)")
 
 // X(name, doc)
 #define JAXLAKE_COUNTERS(X)                                                  \
@@ -41,7 +43,7 @@ namespace jaxlake {
   X(reclaims, "times the lake reclaimed memory under pressure")              \
   X(event_waits, "times the lake waited for a stream event")                 \
   X(ooms, "allocations refused for lack of memory")                          \
-  X(driver_errors, "driver calls that failed and were rolled back")
+  X(driver_errors, "driver calls that failed (rolled back, or kept to retry)")
 
 struct Gauge {
   std::int64_t current = 0;

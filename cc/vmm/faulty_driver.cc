@@ -4,8 +4,10 @@
 // forwarded, then `times` calls return `status` without reaching the inner
 // driver, then calls are forwarded again. Arming a kind replaces its earlier
 // arm; nth 0 counts as 1; times 0 or status kOk disarms the kind. clear()
-// disarms every kind and keeps the injected() count.
+// disarms every kind and keeps the injected() count (hooks stay armed).
 #include "cc/vmm/faulty_driver.h"
+
+#include <utility>
 
 namespace jaxlake::vmm {
 
@@ -31,6 +33,29 @@ void FaultyDriver::clear() {
   arms_.fill(Arm{});
 }
 
+void FaultyDriver::hook(Call call, std::function<void()> fn, bool after,
+                        std::uint64_t nth) {
+  const int i = static_cast<int>(call);
+  if (i < 0 || i >= kNumCalls) return;
+  std::lock_guard<std::mutex> lock(mu_);
+  Hook& h = hooks_[i][after ? 1 : 0];
+  h.skip = nth == 0 ? 0 : nth - 1;
+  h.fn = std::move(fn);
+}
+
+std::function<void()> FaultyDriver::TakeHook(Call call, bool after) {
+  std::lock_guard<std::mutex> lock(mu_);
+  Hook& h = hooks_[static_cast<int>(call)][after ? 1 : 0];
+  if (!h.fn) return nullptr;
+  if (h.skip > 0) {
+    --h.skip;
+    return nullptr;
+  }
+  std::function<void()> fn = std::move(h.fn);
+  h.fn = nullptr;
+  return fn;
+}
+
 std::uint64_t FaultyDriver::injected() const {
   std::lock_guard<std::mutex> lock(mu_);
   return injected_;
@@ -52,64 +77,52 @@ Status FaultyDriver::Next(Call call) {
 // The lock is dropped before forwarding, so a blocking inner call
 // (event_synchronize) does not stall the other kinds.
 Status FaultyDriver::do_reserve(std::size_t size, std::uintptr_t* va) {
-  const Status s = Next(Call::reserve);
-  return s != Status::kOk ? s : inner_.reserve(size, va);
+  return Run(Call::reserve, [&] { return inner_.reserve(size, va); });
 }
 
 Status FaultyDriver::do_address_free(std::uintptr_t va, std::size_t size) {
-  const Status s = Next(Call::address_free);
-  return s != Status::kOk ? s : inner_.address_free(va, size);
+  return Run(Call::address_free, [&] { return inner_.address_free(va, size); });
 }
 
 Status FaultyDriver::do_create(std::size_t size, Handle* handle) {
-  const Status s = Next(Call::create);
-  return s != Status::kOk ? s : inner_.create(size, handle);
+  return Run(Call::create, [&] { return inner_.create(size, handle); });
 }
 
 Status FaultyDriver::do_release(Handle handle) {
-  const Status s = Next(Call::release);
-  return s != Status::kOk ? s : inner_.release(handle);
+  return Run(Call::release, [&] { return inner_.release(handle); });
 }
 
 Status FaultyDriver::do_map(std::uintptr_t va, std::size_t size,
                             std::size_t offset, Handle handle) {
-  const Status s = Next(Call::map);
-  return s != Status::kOk ? s : inner_.map(va, size, offset, handle);
+  return Run(Call::map, [&] { return inner_.map(va, size, offset, handle); });
 }
 
 Status FaultyDriver::do_unmap(std::uintptr_t va, std::size_t size) {
-  const Status s = Next(Call::unmap);
-  return s != Status::kOk ? s : inner_.unmap(va, size);
+  return Run(Call::unmap, [&] { return inner_.unmap(va, size); });
 }
 
 Status FaultyDriver::do_set_access(std::uintptr_t va, std::size_t size) {
-  const Status s = Next(Call::set_access);
-  return s != Status::kOk ? s : inner_.set_access(va, size);
+  return Run(Call::set_access, [&] { return inner_.set_access(va, size); });
 }
 
 Status FaultyDriver::do_event_create(Event* event) {
-  const Status s = Next(Call::event_create);
-  return s != Status::kOk ? s : inner_.event_create(event);
+  return Run(Call::event_create, [&] { return inner_.event_create(event); });
 }
 
 Status FaultyDriver::do_event_destroy(Event event) {
-  const Status s = Next(Call::event_destroy);
-  return s != Status::kOk ? s : inner_.event_destroy(event);
+  return Run(Call::event_destroy, [&] { return inner_.event_destroy(event); });
 }
 
 Status FaultyDriver::do_event_record(Event event, Stream stream) {
-  const Status s = Next(Call::event_record);
-  return s != Status::kOk ? s : inner_.event_record(event, stream);
+  return Run(Call::event_record, [&] { return inner_.event_record(event, stream); });
 }
 
 Status FaultyDriver::do_event_query(Event event) {
-  const Status s = Next(Call::event_query);
-  return s != Status::kOk ? s : inner_.event_query(event);
+  return Run(Call::event_query, [&] { return inner_.event_query(event); });
 }
 
 Status FaultyDriver::do_event_synchronize(Event event) {
-  const Status s = Next(Call::event_synchronize);
-  return s != Status::kOk ? s : inner_.event_synchronize(event);
+  return Run(Call::event_synchronize, [&] { return inner_.event_synchronize(event); });
 }
 
 }  // namespace jaxlake::vmm

@@ -102,6 +102,8 @@ struct SimDriver::State {
     std::uint64_t recorded = 0;
     std::uint64_t completed = 0;
     bool held = false;
+    bool until_waited = false;  // synchronize releases the hold
+    std::uint64_t releases = 0;  // holds ended so far
   };
 
   explicit State(const SimOptions& o) : options(o), clock(o.latency) {}
@@ -385,13 +387,38 @@ Status SimDriver::do_event_synchronize(Event event) {
   // Wait for what the event stands for now: destroying or re-recording the
   // event while this thread waits does not change the target.
   const State::EventInfo target = e->second;
+  if (!s.EventComplete(target)) {
+    State::StreamInfo& st = s.streams[target.stream];
+    if (st.held && st.until_waited) {
+      st.held = st.until_waited = false;
+      ++st.releases;
+      st.completed = st.recorded;
+      s.cv.notify_all();
+      return Status::kOk;
+    }
+  }
   s.cv.wait(lock, [&] { return s.EventComplete(target); });
   return Status::kOk;
 }
 
-void SimDriver::hold_stream(Stream stream) {
+void SimDriver::hold_stream(Stream stream, bool until_waited) {
   std::lock_guard<std::mutex> lock(state_->mu);
-  state_->streams[stream].held = true;
+  State::StreamInfo& st = state_->streams[stream];
+  st.held = true;
+  st.until_waited = until_waited;
+}
+
+std::uint64_t SimDriver::stream_releases(Stream stream, bool* held) const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  auto it = state_->streams.find(stream);
+  if (held) *held = it != state_->streams.end() && it->second.held;
+  return it == state_->streams.end() ? 0 : it->second.releases;
+}
+
+bool SimDriver::stream_held(Stream stream) const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  auto it = state_->streams.find(stream);
+  return it != state_->streams.end() && it->second.held;
 }
 
 void SimDriver::release_stream(Stream stream) {
@@ -399,7 +426,8 @@ void SimDriver::release_stream(Stream stream) {
   {
     std::lock_guard<std::mutex> lock(s.mu);
     State::StreamInfo& st = s.streams[stream];
-    st.held = false;
+    if (st.held) ++st.releases;
+    st.held = st.until_waited = false;
     st.completed = st.recorded;
   }
   s.cv.notify_all();

@@ -40,7 +40,18 @@ class SimDriver : public Driver {
   std::size_t total_memory() const override;
 
   // Testing: while a stream is held, events recorded on it stay incomplete.
-  void hold_stream(Stream stream);
+  // With until_waited, the hold also ends (as release_stream) when a thread
+  // synchronizes with an event of the stream that the hold keeps
+  // incomplete: the device finishes the work someone waits for, so a
+  // single-threaded test cannot block forever.
+  void hold_stream(Stream stream, bool until_waited = false);
+  // True while the stream is held.
+  bool stream_held(Stream stream) const;
+  // How many holds of the stream have ended so far (release_stream, or a
+  // wait with until_waited), and in *held whether it is held now, read at
+  // one instant: work queued on a held stream is complete once the count
+  // has grown.
+  std::uint64_t stream_releases(Stream stream, bool* held) const;
   // Completes everything recorded on the stream so far and wakes waiters.
   void release_stream(Stream stream);
 

@@ -45,12 +45,13 @@ def status_error(status: str, message: str, nbytes: int = 0,
                  stream: int = 0) -> Exception:
     """The exception for a failure status name (any but "ok").
 
-    This is the only place where statuses become exceptions.
-    "invalid_value" is a ValueError: the lake refused an argument.
+    This is the only place where statuses become exceptions. Every status
+    but "out_of_memory" is a DriverError, "invalid_value" too: jaxlake
+    checks its own arguments before calling the lake, so that status comes
+    from a driver call (a bad argument to free() is refused by Lake.free
+    itself, as a ValueError).
     """
     assert status != "ok", "status_error needs a failure status"
     if status == "out_of_memory":
         return OutOfMemoryError(message, nbytes, stream)
-    if status == "invalid_value":
-        return ValueError(message)
     return DriverError(message, status)

@@ -5,6 +5,7 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <mutex>
 #include <random>
 #include <thread>
 #include <vector>
@@ -551,40 +552,72 @@ TEST(random_operations_keep_data_and_invariants) {
   (void)ooms;
 }
 
+// Threads share their allocations (frees cross threads and streams) while a
+// controller thread holds and releases streams; no two live allocations may
+// overlap and the lake must end empty.
 TEST(concurrent_threads_keep_invariants) {
   jaxlake::vmm::SimDriver drv(Small(std::size_t{8} << 30));
   LakeOptions o = Capped(std::size_t{1} << 30);
   Lake lake(drv, o);
   std::atomic<int> errors{0};
+  std::atomic<bool> stop{false};
+  std::mutex mu;
+  std::map<std::uintptr_t, std::size_t> live;  // shared by all threads
+  std::thread controller([&] {
+    std::mt19937_64 rng(99);
+    while (!stop.load()) {
+      const std::uint64_t s = rng() % 4;
+      drv.hold_stream(s);
+      std::this_thread::sleep_for(std::chrono::microseconds(rng() % 500));
+      drv.release_stream(s);
+    }
+  });
   std::vector<std::thread> threads;
   for (int t = 0; t < 4; ++t) {
     threads.emplace_back([&, t] {
       std::mt19937_64 rng(t);
-      std::vector<std::uintptr_t> mine;
       for (int i = 0; i < 4000; ++i) {
-        if (mine.empty() || rng() % 2) {
+        const std::uint64_t stream = rng() % 4;
+        std::unique_lock<std::mutex> lk(mu);
+        if (live.empty() || rng() % 2) {
+          lk.unlock();
           std::uintptr_t p = 0;
           std::size_t n = rng() % 3 ? 1 + rng() % 100000 : rng() % (40 * kMiB) + 1;
-          Status s = lake.allocate(n, t, &p);
-          if (s == Status::kOk)
-            mine.push_back(p);
-          else if (s != Status::kOutOfMemory)
+          Status s = lake.allocate(n, stream, &p);
+          if (s == Status::kOk) {
+            lk.lock();
+            auto next = live.lower_bound(p);
+            if (next != live.end() && next->first < p + n) ++errors;
+            if (next != live.begin() &&
+                std::prev(next)->first + std::prev(next)->second > p)
+              ++errors;
+            live.emplace(p, n);
+          } else if (s != Status::kOutOfMemory) {
             ++errors;
+          }
         } else {
-          const std::size_t k = rng() % mine.size();
-          if (lake.free(mine[k], t) != Status::kOk) ++errors;
-          mine[k] = mine.back();
-          mine.pop_back();
+          auto it = live.begin();
+          std::advance(it, rng() % live.size());
+          const std::uintptr_t p = it->first;
+          live.erase(it);
+          lk.unlock();
+          if (lake.free(p, stream) != Status::kOk) ++errors;
         }
       }
-      for (auto p : mine)
-        if (lake.free(p, t) != Status::kOk) ++errors;
     });
   }
   for (auto& th : threads) th.join();
+  stop = true;
+  controller.join();
+  for (auto& [p, n] : live)
+    if (lake.free(p, 0) != Status::kOk) ++errors;
   CHECK_EQ(errors.load(), 0);
   CHECK_EQ(lake.check(), std::string());
   CHECK_EQ(lake.stats().bytes_in_use.current, 0);
+  for (std::uint64_t s = 0; s < 4; ++s) drv.release_stream(s);
+  lake.empty_cache();
+  CHECK_EQ(lake.stats().bytes_reserved.current, 0);
+  CHECK_EQ(drv.physical_bytes(), 0u);
 }
 
 // Frees on one stream record no events, yet the stitch cache must stay
@@ -611,6 +644,392 @@ TEST(stitch_cache_stays_bounded_on_one_stream) {
   CHECK(st.stitch_evictions > 0u);
   CHECK(st.stitched_bytes.current <= static_cast<std::int64_t>(4 * 8 * kMiB));
   CHECK_EQ(lake.check(), std::string());
+}
+
+
+// ---- regression tests: threads, streams and faults ------------------------
+//
+// The lake releases its lock around driver calls. These tests make the
+// interleaving deterministic: a FaultyDriver hook runs, on the calling
+// thread, exactly while the lake waits inside a driver call, and changes the
+// lake's state meanwhile (as another thread would).
+
+using jaxlake::vmm::FaultyDriver;
+using jaxlake::vmm::SimDriver;
+
+// Capacity two chunks; stream 1 held; X and Y (one chunk each) allocated on
+// stream 1 and X freed there. A request on stream 2 must wait for stream 1.
+struct TwoChunks {
+  SimDriver sim{Small()};
+  FaultyDriver drv{sim};
+  Lake lake{drv, Capped(4 * kMiB)};
+  std::uintptr_t x = 0, y = 0;
+  TwoChunks() {
+    sim.hold_stream(1);
+    x = Alloc(lake, 2 * kMiB, nullptr, 1);
+    y = Alloc(lake, 2 * kMiB, nullptr, 1);
+    CHECK(lake.free(x, 1) == Status::kOk);
+  }
+};
+
+// Defect: while the waiter had the lock released, another call re-recorded
+// stream 1's event for a newer free (Y); the waiter then marked that newer
+// free complete and handed Y, still in use on stream 1, to stream 2.
+TEST(event_wait_completes_only_what_it_waited_for) {
+  TwoChunks t;
+  Lake& lake = t.lake;
+  // The stream's work completes while the request waits...
+  t.drv.hook(Call::event_synchronize, [&] { t.sim.release_stream(1); },
+             /*after=*/false);
+  // ...and before it retakes the lock, stream 1 gets new work: Y is freed
+  // there and another call advances the streams (records the event again).
+  t.drv.hook(Call::event_synchronize, [&] {
+    t.sim.hold_stream(1);
+    CHECK(lake.free(t.y, 1) == Status::kOk);
+    lake.empty_cache();
+  });
+  std::uintptr_t p = 0;
+  CHECK(lake.allocate(2 * kMiB, 2, &p) == Status::kOk);
+  CHECK(p != t.y);  // Y is still in use on stream 1
+  CHECK_EQ(lake.check(), std::string());
+  // Nothing else may go to another stream before stream 1's work is done:
+  // a third request waits, and gets Y only after the wait.
+  bool waited = false;
+  t.drv.hook(Call::event_synchronize, [&] {
+    waited = true;
+    t.sim.release_stream(1);
+  }, false);
+  std::uintptr_t q = 0;
+  const Status s = lake.allocate(2 * kMiB, 3, &q);
+  CHECK(s == Status::kOk || s == Status::kOutOfMemory);
+  CHECK(waited);
+  CHECK(lake.free(p, 2) == Status::kOk);
+  if (s == Status::kOk) CHECK(lake.free(q, 3) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+// Defect: the reclaim loop ignored memory released by another thread while
+// it waited and answered out of memory with half the capacity free.
+TEST(reclaim_retries_after_changes_by_other_threads) {
+  TwoChunks t;
+  Lake& lake = t.lake;
+  t.drv.hook(Call::event_synchronize, [&] { t.sim.release_stream(1); },
+             false);
+  std::size_t released = 0;
+  t.drv.hook(Call::event_synchronize,
+             [&] { released = lake.empty_cache(); });
+  std::uintptr_t p = 0;
+  CHECK(lake.allocate(2 * kMiB, 2, &p) == Status::kOk);
+  CHECK_EQ(released, 2 * kMiB);
+  CHECK_EQ(lake.check(), std::string());
+  CHECK(lake.free(p, 2) == Status::kOk);
+  CHECK(lake.free(t.y, 1) == Status::kOk);
+}
+
+// Defect: small ranges freed on another stream were flushed back to their
+// slab only when the caller itself saw an event complete.
+TEST(small_frees_from_other_streams_come_back) {
+  SimDriver sim(Small());
+  Lake lake(sim, Capped(8 * kMiB));
+  for (int i = 0; i < 400; ++i) {
+    std::uintptr_t p = 0;
+    const Status s = lake.allocate(64 * 1024, 1, &p);
+    REQUIRE(s == Status::kOk);
+    REQUIRE(lake.free(p, 2) == Status::kOk);
+    lake.empty_cache();
+  }
+  lake.empty_cache();
+  CHECK_EQ(lake.stats().bytes_reserved.current, 0);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+// Defect: empty_cache() merged free neighbours only when its own event query
+// made progress, so a segment whose free blocks carry different streams'
+// tags stayed reserved after the streams had been advanced elsewhere.
+TEST(empty_cache_releases_segments_freed_on_several_streams) {
+  SimDriver sim(Small());
+  LakeOptions o = Capped(64 * kMiB);
+  o.stitch_cache = 0;  // a stitched free trims the cache at once
+  Lake lake(sim, o);
+  // A live stitched range on stream 3.
+  std::vector<std::uintptr_t> e;
+  for (int i = 0; i < 4; ++i) e.push_back(Alloc(lake, 2 * kMiB, nullptr, 3));
+  CHECK(lake.free(e[0], 3) == Status::kOk);
+  CHECK(lake.free(e[2], 3) == Status::kOk);
+  AllocState how{};
+  std::uintptr_t s = Alloc(lake, 4 * kMiB, &how, 3);
+  CHECK(how == AllocState::stitch);
+  // One 8 MiB segment split into two blocks, freed on two streams: they
+  // stay apart while neither free is known complete.
+  std::uintptr_t whole = Alloc(lake, 8 * kMiB, nullptr, 1);
+  CHECK(lake.free(whole, 1) == Status::kOk);
+  std::uintptr_t a = Alloc(lake, 4 * kMiB, nullptr, 1);
+  std::uintptr_t b = Alloc(lake, 4 * kMiB, nullptr, 1);
+  CHECK(lake.free(a, 1) == Status::kOk);
+  CHECK(lake.free(b, 2) == Status::kOk);
+  CHECK(lake.free(e[1], 3) == Status::kOk);
+  CHECK(lake.free(e[3], 3) == Status::kOk);
+  // Freeing the stitched range trims the cache, which advances every
+  // stream's event (without merging anything).
+  CHECK(lake.free(s, 3) == Status::kOk);
+  for (int i = 0; i < 3; ++i) lake.empty_cache();
+  CHECK_EQ(lake.stats().live_allocations.current, 0);
+  CHECK_EQ(lake.stats().bytes_reserved.current, 0);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+// Defect: a failed unmap/release/address_free was counted and forgotten.
+TEST(failed_releases_are_kept_and_retried) {
+  for (Call call : {Call::unmap, Call::release, Call::address_free}) {
+    SimDriver sim(Small());
+    FaultyDriver drv(sim);
+    {
+      Lake lake(drv, Capped(64 * kMiB));
+      std::uintptr_t p = Alloc(lake, 8 * kMiB);
+      CHECK(lake.free(p, 0) == Status::kOk);
+      drv.fail(call);
+      Status s = Status::kOk;
+      std::size_t released = lake.empty_cache(&s);
+      CHECK(s == Status::kDriverError);  // the caller asked: it is told
+      CHECK(!lake.last_error().empty());
+      // Only what the driver gave back counts as released (a failed
+      // address_free leaks address space, not memory).
+      CHECK_EQ(released, call == Call::address_free ? 8 * kMiB : 0u);
+      jaxlake::Stats st = lake.stats();
+      CHECK_EQ(st.bytes_unreleased.current,
+               static_cast<std::int64_t>(call == Call::address_free ? 0 : 8 * kMiB));
+      CHECK_EQ(st.unreleased.current, 1);
+      CHECK_EQ(lake.check(), std::string());
+      // The next empty_cache() finishes the job.
+      released = lake.empty_cache(&s);
+      CHECK(s == Status::kOk);
+      CHECK_EQ(released, call == Call::address_free ? 0u : 8 * kMiB);
+      CHECK_EQ(lake.stats().unreleased.current, 0);
+      CHECK_EQ(sim.physical_bytes(), 0u);
+      CHECK_EQ(sim.reserved_bytes(), 0u);
+      CHECK_EQ(sim.live_handles(), 0u);
+      // A failure the lake's destructor cleans up.
+      p = Alloc(lake, 8 * kMiB);
+      CHECK(lake.free(p, 0) == Status::kOk);
+      drv.fail(call);
+      lake.empty_cache(&s);
+      CHECK(s == Status::kDriverError);
+    }
+    CHECK_EQ(sim.physical_bytes(), 0u);
+    CHECK_EQ(sim.mapped_bytes(), 0u);
+    CHECK_EQ(sim.reserved_bytes(), 0u);
+    CHECK_EQ(sim.live_handles(), 0u);
+    CHECK_EQ(sim.live_events(), 0u);
+  }
+}
+
+// Failed unmaps of a stitched range (dropped from the cache) are kept too.
+TEST(failed_stitch_unmaps_are_kept_and_retried) {
+  SimDriver sim(Small());
+  FaultyDriver drv(sim);
+  {
+    Lake lake(drv, Capped(16 * kMiB));
+    std::vector<std::uintptr_t> b;
+    for (int i = 0; i < 4; ++i) b.push_back(Alloc(lake, 4 * kMiB));
+    CHECK(lake.free(b[0], 0) == Status::kOk);
+    CHECK(lake.free(b[2], 0) == Status::kOk);
+    AllocState how{};
+    std::uintptr_t big = Alloc(lake, 8 * kMiB, &how);
+    CHECK(how == AllocState::stitch);
+    CHECK(lake.free(big, 0) == Status::kOk);
+    drv.fail(Call::unmap, 2);
+    Status s = Status::kOk;
+    lake.empty_cache(&s);
+    CHECK(s == Status::kDriverError);
+    CHECK_EQ(lake.stats().unreleased.current, 1);
+    CHECK_EQ(lake.check(), std::string());
+    CHECK(lake.free(b[1], 0) == Status::kOk);
+    CHECK(lake.free(b[3], 0) == Status::kOk);
+    lake.empty_cache(&s);
+    CHECK(s == Status::kOk);
+    CHECK_EQ(lake.stats().unreleased.current, 0);
+    CHECK_EQ(lake.stats().bytes_reserved.current, 0);
+    CHECK_EQ(sim.physical_bytes(), 0u);
+    CHECK_EQ(sim.reserved_bytes(), 0u);
+  }
+  CHECK_EQ(sim.live_handles(), 0u);
+}
+
+// The other paths that release the lock: a grow's create, a stitch's map, a
+// cached range's unmap and a segment's release. Each hook changes the lake
+// (allocate, free, empty_cache, hold a stream) while the lake waits in the
+// driver; the lake must come out consistent, with no memory handed twice.
+TEST(grow_with_the_lock_released) {
+  SimDriver sim(Small());
+  FaultyDriver drv(sim);
+  int fired = 0;  // hooks that ran
+  Lake lake(drv, Capped(16 * kMiB));
+  std::uintptr_t a = Alloc(lake, 4 * kMiB, nullptr, 1);
+  std::uintptr_t other = 0;
+  drv.hook(Call::create, [&] {
+    ++fired;
+    // Meanwhile: a free, an empty_cache (which releases that segment) and
+    // another grow that takes capacity too.
+    CHECK(lake.free(a, 1) == Status::kOk);
+    CHECK_EQ(lake.empty_cache(), 4 * kMiB);
+    other = Alloc(lake, 6 * kMiB, nullptr, 2);
+    CHECK_EQ(lake.check(), std::string());
+  });
+  AllocState how{};
+  std::uintptr_t p = Alloc(lake, 8 * kMiB, &how, 1);
+  CHECK(how == AllocState::grow);
+  CHECK(other != 0 && (other + 6 * kMiB <= p || p + 8 * kMiB <= other));
+  CHECK_EQ(lake.check(), std::string());
+  // The capacity left (2 MiB) is honoured.
+  std::uintptr_t q = 0;
+  CHECK(lake.allocate(4 * kMiB, 3, &q) == Status::kOutOfMemory);
+  CHECK(lake.free(p, 1) == Status::kOk);
+  CHECK(lake.free(other, 2) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+  CHECK_EQ(fired, 1);
+}
+
+TEST(stitch_with_the_lock_released) {
+  SimDriver sim(Small());
+  FaultyDriver drv(sim);
+  int fired = 0;  // hooks that ran
+  Lake lake(drv, Capped(32 * kMiB));
+  std::vector<std::uintptr_t> b;
+  for (int i = 0; i < 6; ++i) b.push_back(Alloc(lake, 4 * kMiB, nullptr, 1));
+  for (int i = 0; i < 6; i += 2) CHECK(lake.free(b[i], 1) == Status::kOk);
+  std::uintptr_t during = 0;
+  drv.hook(Call::map, [&] {
+    ++fired;
+    // The pieces are claimed: empty_cache must not release them, nor may a
+    // request on the same stream get them.
+    CHECK_EQ(lake.empty_cache(), 0u);
+    std::uintptr_t x = 0;
+    const Status s = lake.allocate(4 * kMiB, 1, &x);
+    CHECK(s == Status::kOk || s == Status::kOutOfMemory);
+    during = s == Status::kOk ? x : 0;
+    CHECK(lake.free(b[1], 1) == Status::kOk);  // a neighbour goes free
+    sim.hold_stream(1);
+    CHECK_EQ(lake.check(), std::string());
+  });
+  AllocState how{};
+  std::uintptr_t big = Alloc(lake, 12 * kMiB, &how, 1);
+  CHECK(how == AllocState::stitch);
+  CHECK(during == 0 || during + 4 * kMiB <= big || big + 12 * kMiB <= during);
+  CHECK_EQ(lake.check(), std::string());
+  CHECK(lake.free(big, 1) == Status::kOk);
+  if (during) CHECK(lake.free(during, 1) == Status::kOk);
+  sim.release_stream(1);
+  for (int i = 3; i < 6; i += 2) CHECK(lake.free(b[i], 1) == Status::kOk);
+  lake.empty_cache();
+  CHECK_EQ(lake.stats().bytes_reserved.current, 0);
+  CHECK_EQ(lake.check(), std::string());
+  CHECK_EQ(fired, 1);
+}
+
+TEST(cache_drop_and_release_with_the_lock_released) {
+  SimDriver sim(Small());
+  FaultyDriver drv(sim);
+  int fired = 0;  // hooks that ran
+  Lake lake(drv, Capped(32 * kMiB));
+  std::vector<std::uintptr_t> b;
+  for (int i = 0; i < 4; ++i) b.push_back(Alloc(lake, 4 * kMiB, nullptr, 1));
+  CHECK(lake.free(b[0], 1) == Status::kOk);
+  CHECK(lake.free(b[2], 1) == Status::kOk);
+  std::uintptr_t big = Alloc(lake, 8 * kMiB, nullptr, 1);
+  CHECK(lake.free(big, 1) == Status::kOk);  // cached
+  std::uintptr_t during = 0;
+  // While empty_cache unmaps the cached range, a request of its size must
+  // not reuse it; a stream is held and a live block freed meanwhile.
+  drv.hook(Call::unmap, [&] {
+    ++fired;
+    AllocState how{};
+    during = Alloc(lake, 8 * kMiB, &how, 2);
+    CHECK(how != AllocState::stitch_reuse);
+    sim.hold_stream(2);
+    CHECK(lake.free(b[1], 1) == Status::kOk);
+    CHECK_EQ(lake.check(), std::string());
+  }, false);
+  lake.empty_cache();
+  CHECK_EQ(lake.check(), std::string());
+  // While a free segment is released, a grow takes the capacity it gives.
+  CHECK(lake.free(during, 2) == Status::kOk);
+  std::uintptr_t late = 0;
+  drv.hook(Call::release, [&] {
+    ++fired;
+    late = Alloc(lake, 16 * kMiB, nullptr, 3);
+    CHECK_EQ(lake.check(), std::string());
+  });
+  CHECK(lake.free(b[3], 1) == Status::kOk);
+  lake.empty_cache();
+  sim.release_stream(2);
+  CHECK(late != 0);
+  CHECK(lake.free(late, 3) == Status::kOk);
+  lake.empty_cache();
+  CHECK_EQ(lake.stats().bytes_reserved.current, 0);
+  CHECK_EQ(lake.check(), std::string());
+  CHECK_EQ(sim.physical_bytes(), 0u);
+  CHECK_EQ(fired, 2);
+}
+
+// Found by the stress harness (8 threads, faults): while a free segment was
+// being released (lock released), its bytes were already off the books, so
+// another thread grew into that capacity; when the release then failed, the
+// lake held more than its capacity.
+TEST(capacity_counts_memory_being_released) {
+  SimDriver sim(Small());
+  FaultyDriver drv(sim);
+  Lake lake(drv, Capped(4 * kMiB));
+  std::uintptr_t a = Alloc(lake, 4 * kMiB);
+  CHECK(lake.free(a, 0) == Status::kOk);
+  Status during = Status::kOk;
+  int fired = 0;
+  drv.hook(Call::unmap, [&] {
+    ++fired;
+    std::uintptr_t p = 0;
+    during = lake.allocate(4 * kMiB, 1, &p);
+    if (during == Status::kOk) CHECK(lake.free(p, 1) == Status::kOk);
+  }, /*after=*/false);
+  drv.fail(Call::unmap);
+  Status s = Status::kOk;
+  lake.empty_cache(&s);
+  CHECK_EQ(fired, 1);
+  CHECK(s == Status::kDriverError);
+  CHECK(during == Status::kOutOfMemory);  // the driver still held it
+  CHECK_EQ(lake.check(), std::string());
+  lake.empty_cache(&s);
+  CHECK(s == Status::kOk);
+  CHECK_EQ(sim.physical_bytes(), 0u);
+  std::uintptr_t p = Alloc(lake, 4 * kMiB, nullptr, 1);  // free again now
+  CHECK(lake.free(p, 1) == Status::kOk);
+}
+
+// Defect: chunk counts were 32 bits; 2**32 + 1 chunks became one.
+TEST(chunk_counts_are_64_bit) {
+  jaxlake::vmm::SimOptions so;
+  so.granularity = 4096;
+  so.device_bytes = std::size_t{64} << 40;  // 64 TiB
+  SimDriver sim(so);
+  LakeOptions lo;
+  lo.small_limit = 4096;
+  Lake lake(sim, lo);
+  const std::size_t n = (std::size_t{1} << 44) + 4096;
+  std::uintptr_t p = 0;
+  AllocState how{};
+  CHECK(lake.allocate(n, 0, &p, &how) == Status::kOk);
+  CHECK_EQ(lake.stats().bytes_reserved.current, static_cast<std::int64_t>(n));
+  CHECK_EQ(lake.check(), std::string());
+  std::uintptr_t q = 0;
+  CHECK(lake.allocate(n, 0, &q) == Status::kOk);
+  CHECK(q >= p + n || q + n <= p);
+  CHECK_EQ(lake.check(), std::string());
+  CHECK(lake.free(p, 0) == Status::kOk);
+  CHECK(lake.free(q, 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+  // A slab larger than the capacity is refused up front, by name.
+  LakeOptions o = lo;
+  o.small_slab = std::size_t{1} << 53;
+  CHECK(jaxlake::ValidateOptions(o, sim).find("small_slab") !=
+        std::string::npos);
 }
 
 }  // namespace

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import dataclasses
 import glob
-import io
 import json
 import math
 import os
@@ -28,6 +27,7 @@ from jaxlake._src.options import MIB, format_bytes
 from jaxlake._src.bench.replay import (Capacity, Latency, ReplayResult,
                                        check_policies, policy_names, replay)
 from jaxlake._src.trace.tracefile import TraceWriter
+from jaxlake._src.table import format_table as _format_table
 
 GIB = 1 << 30
 SUITE_PATTERN = "*.jsonl.gz"
@@ -243,39 +243,16 @@ def grouped_rows(suite: Sequence[TraceResults]) -> List[Optional[List[str]]]:
     for tr in suite:
         out.extend(rows[start:start + len(tr.results)])
         out.append(None)
-        start += len(tr.results)
+        start += len(tr.rdef format_table(rows: Sequence[Optional[Sequence[str]]],
+                 header: Sequence[str] = COLUMNS, left: int = 2) -> str:
+    """The bench's table (jaxlake._src.table.format_table, with the bench's
+    columns by default)."""
+    return _format_table(rows, header, left)
+
+
+esults)
     out.extend(summary_rows(suite))
     return out
-
-
-def format_table(rows: Sequence[Optional[Sequence[str]]],
-                 header: Sequence[str] = COLUMNS, left: int = 2) -> str:
-    """Plain text of a table drawn by rich: `header`, then `rows` (lists of
-    cells; None draws a rule between groups). The first `left` columns are
-    left-aligned, the others right-aligned. Any number of columns."""
-    from rich import box
-    from rich.console import Console
-    from rich.table import Table
-    table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False,
-                  padding=(0, 1), header_style="", expand=False)
-    for i, name in enumerate(header):
-        table.add_column(name, justify="left" if i < left else "right",
-                         no_wrap=True)
-    pending_rule = False
-    for row in rows:
-        if row is None:
-            pending_rule = True
-            continue
-        if pending_rule:
-            table.add_section()
-            pending_rule = False
-        table.add_row(*row)
-    text = io.StringIO()
-    Console(file=text, width=1000, color_system=None, force_terminal=False,
-            legacy_windows=False).print(table)
-    # (a section is a blank line in this box style)
-    return "\n".join(line.rstrip()
-                     for line in text.getvalue().splitlines()).strip("\n")
 
 
 @dataclasses.dataclass

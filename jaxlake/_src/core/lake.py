@@ -78,6 +78,25 @@ def _capacity_bytes(value: OptionValue, granularity: int,
     return nbytes
 
 
+def _core_options(settings: Mapping[str, OptionValue]) -> "_core.LakeOptions":
+    """The C++ LakeOptions of resolved settings (capacity left at 0).
+
+    The C++ fields are 64-bit: a larger (or negative) int is refused here,
+    by name, rather than by the binding."""
+    core_options = _core.LakeOptions()
+    for option in OPTIONS:
+        if not option.lake or option.name == "capacity":
+            continue
+        value = settings[option.name]
+        if isinstance(value, int) and not isinstance(value, bool) and \
+                not 0 <= value < _U64:
+            raise errors.ConfigurationError(
+                f"option {option.name}={value} is out of range: expected an "
+                "int from 0 to 2**64 - 1")
+        setattr(core_options, option.name, value)
+    return core_options
+
+
 class Lake:
     """A stitching allocator over one backend.
 
@@ -109,10 +128,13 @@ class Lake:
         default_granularity, default_memory = _core.backend_defaults(backend)
         granularity = int(settings["granularity"] or default_granularity)
         device_memory = int(settings["device_memory"] or default_memory)
-        core_options = _core.LakeOptions()
-        for option in OPTIONS:
-            if option.lake and option.name != "capacity":
-                setattr(core_options, option.name, settings[option.name])
+        for name, value in (("granularity", granularity),
+                            ("device_memory", device_memory)):
+            if not 0 < value < _U64:
+                raise errors.ConfigurationError(
+                    f"option {name}={value} is out of range: expected an int "
+                    "from 1 to 2**64 - 1")
+        core_options = _core_options(settings)
         core_options.capacity = _capacity_bytes(
             settings["capacity"], granularity, device_memory)
         try:
@@ -143,10 +165,7 @@ class Lake:
         if path is None:
             raise errors.ConfigurationError(
                 f"backend 'cuda' needs the CUDA driver: {why}")
-        core_options = _core.LakeOptions()
-        for option in OPTIONS:
-            if option.lake and option.name != "capacity":
-                setattr(core_options, option.name, settings[option.name])
+        core_options = _core_options(settings)
         cap = settings["capacity"]
         fraction = float(cap) if isinstance(cap, float) else 0.0
         core_options.capacity = 0 if cap is None or fraction else int(cap)
@@ -192,6 +211,10 @@ class Lake:
         a = _integer("address", address, 0)
         s = _integer("stream", stream, 0)
         status = self._core.free(a, s)
+        if status == "invalid_value":
+            raise ValueError(
+                f"free: address {a:#x} is not a live allocation of this lake "
+                "(never allocated by it, or already freed)")
         if status != "ok":
             raise errors.status_error(
                 status,
@@ -207,8 +230,18 @@ class Lake:
     def empty_cache(self) -> int:
         """Drops cached stitched ranges and gives every free segment whose
         last use is complete back to the driver. Returns the bytes released.
+
+        Raises DriverError when the driver refused a release (unmap, release
+        or address_free): the lake keeps what it could not release, counts it
+        in stats() (unreleased, bytes_unreleased) and retries it on the next
+        empty_cache(), under memory pressure and when it is destroyed.
         """
-        return self._core.empty_cache()
+        released, status = self._core.empty_cache()
+        if status != "ok":
+            raise errors.status_error(
+                status, self._core.last_error() or
+                f"empty_cache failed: {status}")
+        return int(released)
 
     # -- inspection ---------------------------------------------------------
 
@@ -260,10 +293,17 @@ class Lake:
 
     # -- test hooks (host and sim backends) -------------------------------
 
-    def hold_stream(self, stream: int) -> None:
+    def hold_stream(self, stream: int, until_waited: bool = False) -> None:
         """Keeps work recorded on `stream` in flight until release_stream
-        (events recorded on it stay incomplete)."""
-        self._core.hold_stream(_integer("stream", stream, 0))
+        (events recorded on it stay incomplete). With until_waited=True the
+        hold also ends when the lake waits for that work (the device
+        finishes what is waited for), so one thread cannot block forever."""
+        self._core.hold_stream(_integer("stream", stream, 0),
+                               bool(until_waited))
+
+    def stream_held(self, stream: int) -> bool:
+        """True while `stream` is held (see hold_stream)."""
+        return bool(self._core.stream_held(_integer("stream", stream, 0)))
 
     def release_stream(self, stream: int) -> None:
         """Completes everything recorded on `stream` so far."""

@@ -33,6 +33,10 @@ class Stats:
     segments_peak: int
     live_allocations: int
     live_allocations_peak: int
+    unreleased: int
+    unreleased_peak: int
+    bytes_unreleased: int
+    bytes_unreleased_peak: int
     # Counters.
     allocs: int
     frees: int

@@ -10,6 +10,7 @@ from importlib import metadata
 from typing import Any, Dict, List, Optional, TextIO
 
 from jaxlake._src.xla import integration as xla
+from jaxlake._src import options as _options
 from jaxlake._src.errors import ConfigurationError
 
 JAX_DISTRIBUTIONS = ("jax", "jaxlib", "jax-cuda12-plugin", "jax-cuda12-pjrt",
@@ -137,8 +138,8 @@ def setting_warnings(environ: Dict[str, str]) -> List[str]:
     return out
 
 
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):.2f} GiB"
+def _size(n: int) -> str:
+    return _options.format_bytes(n)
 
 
 def doctor(out: TextIO, start_jax: bool = True) -> int:
@@ -181,15 +182,15 @@ def doctor(out: TextIO, start_jax: bool = True) -> int:
         if problem:
             line("devices", problem)
     nbytes, fraction, source = xla.capacity_rule(status.options)
-    rule = _gib(nbytes) if nbytes is not None else \
+    rule = _size(nbytes) if nbytes is not None else \
         f"{fraction:g} of each device's memory"
     line("capacity", f"{rule} (from {source})")
     for dev in devices:
         cap = xla.effective_capacity(status.options, dev.total_memory)
         line(f"device {dev.ordinal}",
-             f"{_gib(dev.total_memory)}, virtual memory management "
+             f"{_size(dev.total_memory)}, virtual memory management "
              f"{'supported' if dev.vmm else 'NOT supported'}"
-             + (f"; lake capacity {_gib(cap)}" if dev.vmm else ""))
+             + (f"; lake capacity {_size(cap)}" if dev.vmm else ""))
     line("lake", "active" if status.active else f"inactive: {status.reason}")
     if not status.active or not start_jax:
         line("hooks live", "no" if not status.active else "not checked")
@@ -214,7 +215,7 @@ def doctor(out: TextIO, start_jax: bool = True) -> int:
     for ordinal in xla.devices():
         stats = loaded.stats(ordinal) if loaded is not None else None
         if stats:
-            line(f"lake {ordinal} capacity", _gib(int(stats["capacity"])))
+            line(f"lake {ordinal} capacity", _size(int(stats["capacity"])))
     if xla.status().reason:
         line("lake notes", xla.status().reason)
     return 0

@@ -780,10 +780,6 @@ def empty_cache(device: Optional[int] = None) -> int:
     return max(0, shim.empty_cache(-1 if device is None else int(device)))
 
 
-def _gib(n: int) -> str:
-    return f"{n / (1 << 30):8.3f}"
-
-
 def memory_report() -> str:
     """A table of each lake's figures, for people."""
     st = status()
@@ -796,21 +792,18 @@ def memory_report() -> str:
         rows.append((device, s))
     if not rows:
         return "jaxlake: lake active, no allocation served yet"
-    head = (f"{'device':>6} {'in use GiB':>10} {'peak GiB':>9} "
-            f"{'reserved GiB':>12} {'peak res GiB':>12} {'util':>6} "
-            f"{'stitched':>8} {'reused':>7} {'grown':>6} {'OOM':>4} "
-            f"{'maps':>6}")
-    lines = ["jaxlake memory report (physical bytes; stitched ranges add "
-             "none)", head, "-" * len(head)]
-    for device, s in rows:
-        lines.append(
-            f"{device:>6} {_gib(s.bytes_in_use):>10} "
-            f"{_gib(s.bytes_in_use_peak):>9} {_gib(s.bytes_reserved):>12} "
-            f"{_gib(s.bytes_reserved_peak):>12} {s.utilisation:6.3f} "
-            f"{s.alloc_stitch + s.alloc_stitch_grow:>8} "
-            f"{s.alloc_stitch_reuse:>7} {s.alloc_grow:>6} {s.ooms:>4} "
-            f"{s.driver_calls.get('map', 0):>6}")
-    return "\n".join(lines)
+    from jaxlake._src.table import format_table
+    size = _options.format_bytes
+    header = ("device", "in use", "peak", "reserved", "peak reserved",
+              "util", "stitched", "reused", "grown", "OOM", "maps")
+    table = [(str(device), size(s.bytes_in_use), size(s.bytes_in_use_peak),
+              size(s.bytes_reserved), size(s.bytes_reserved_peak),
+              f"{s.utilisation:.3f}", str(s.alloc_stitch + s.alloc_stitch_grow),
+              str(s.alloc_stitch_reuse), str(s.alloc_grow), str(s.ooms),
+              str(s.driver_calls.get("map", 0)))
+             for device, s in rows]
+    return ("jaxlake memory report (physical bytes; stitched ranges add "
+            "none)\n" + format_table(table, header))
 
 
 @contextlib.contextmanager

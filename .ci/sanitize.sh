@@ -1,0 +1,46 @@
+#!/usr/bin/env bash
+# Builds the C++ tests and the stress harness with sanitizers and runs them:
+# AddressSanitizer+UndefinedBehaviorSanitizer, then ThreadSanitizer
+# (docs/stress.md). Any report fails the run. Usage:
+#   .ci/sanitize.sh [address,undefined|thread ...]   (default: both builds)
+# CMake and Ninja come from the environment (the test extra of pyproject.toml
+# installs both into .venv, which is put first on PATH when present).
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+if [ -x .venv/bin/cmake ]; then PATH="$PWD/.venv/bin:$PATH"; fi
+generator=()
+if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
+jobs=$(nproc 2>/dev/null || echo 2)
+targets=(vmm_test lake_test replay_test stress)
+
+# Reports stop the program with a nonzero status (-fno-sanitize-recover=all
+# for UBSan; halt_on_error for the others).
+export ASAN_OPTIONS=halt_on_error=1:detect_leaks=1:abort_on_error=0
+export UBSAN_OPTIONS=halt_on_error=1:print_stacktrace=1
+export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
+
+run() {
+  local sanitize=$1 dir=build/sanitize-${1//,/-}
+  echo "== ${sanitize}: configure and build ${targets[*]}"
+  local start=$SECONDS
+  cmake -S . -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    -DJAXLAKE_BUILD_TESTS=ON -DJAXLAKE_BUILD_PYTHON=OFF -DJAXLAKE_WERROR=ON \
+    -DJAXLAKE_SANITIZE="$sanitize" >/dev/null
+  cmake --build "$dir" --parallel "$jobs" --target "${targets[@]}"
+  echo "== ${sanitize}: built in $((SECONDS - start)) s"
+  for t in vmm_test lake_test replay_test; do
+    start=$SECONDS
+    "$dir/$t" >"$dir/$t.log" 2>&1 || { tail -n 60 "$dir/$t.log"; exit 1; }
+    echo "== ${sanitize}: $t: $(tail -n 1 "$dir/$t.log") ($((SECONDS - start)) s)"
+  done
+  # A shortened stress pass: both backends, with and without faults, one
+  # thread then four.
+  start=$SECONDS
+  "$dir/stress" --ops 20000 --check-every 500
+  "$dir/stress" --threads 4 --seconds 3 --check-every 500
+  echo "== ${sanitize}: stress in $((SECONDS - start)) s"
+}
+
+if [ $# -eq 0 ]; then set -- address,undefined thread; fi
+for sanitize in "$@"; do run "$sanitize"; done
+echo "== sanitizers: no reports"
