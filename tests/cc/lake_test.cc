@@ -730,11 +730,15 @@ TEST(reclaim_retries_after_changes_by_other_threads) {
 // slab only when the caller itself saw an event complete.
 TEST(small_frees_from_other_streams_come_back) {
   SimDriver sim(Small());
-  Lake lake(sim, Capped(8 * kMiB));
+  LakeOptions o = Capped(8 * kMiB);
+  o.small_limit = kMiB;  // the small pool (off by default)
+  Lake lake(sim, o);
   for (int i = 0; i < 400; ++i) {
     std::uintptr_t p = 0;
-    const Status s = lake.allocate(64 * 1024, 1, &p);
+    AllocState how{};
+    const Status s = lake.allocate(64 * 1024, 1, &p, &how);
     REQUIRE(s == Status::kOk);
+    REQUIRE(how == AllocState::small);
     REQUIRE(lake.free(p, 2) == Status::kOk);
     lake.empty_cache();
   }
