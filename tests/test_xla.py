@@ -464,8 +464,8 @@ def test_doctor_shows_the_effective_capacity(fake_driver: str) -> None:
     out = subprocess.run([sys.executable, "-m", "jaxlake", "doctor",
                           "--no-jax"], env=env, capture_output=True,
                          text=True, timeout=180, cwd="/").stdout
-    assert "capacity:              0.25 GiB (from the capacity option)" in out
-    assert "lake capacity 0.25 GiB" in out, out
+    assert "capacity:              256 MiB (from the capacity option)" in out
+    assert "lake capacity 256 MiB" in out, out
 
 
 # -- defect: options given to configure() after the shim was loaded -------------

@@ -230,16 +230,16 @@ def grouped_rows(suite: Sequence[TraceResults]) -> List[Optional[List[str]]]:
     for tr in suite:
         out.extend(rows[start:start + len(tr.results)])
         out.append(None)
-        start += len(tr.rdef format_table(rows: Sequence[Optional[Sequence[str]]],
+        start += len(tr.results)
+    out.extend(summary_rows(suite))
+    return out
+
+
+def format_table(rows: Sequence[Optional[Sequence[str]]],
                  header: Sequence[str] = COLUMNS, left: int = 2) -> str:
     """The bench's table (jaxlake._src.table.format_table, with the bench's
     columns by default)."""
     return _format_table(rows, header, left)
-
-
-esults)
-    out.extend(summary_rows(suite))
-    return out
 
 
 @dataclasses.dataclass
