@@ -230,8 +230,10 @@ def test_view_writes_one_offline_page(tmp_path: Path) -> None:
     assert len(dev["timeline"]["policies"]) == 5
     assert dev["timeline"]["bucket"] == 1  # short: one point per event
     assert dev["bands"]["drawn"] == dev["bands"]["total"] > 100
-    assert dev["stitches"] == 1 and dev["served"]["stitch-grow"] == 1
-    assert any("stitch-grow" in s["why"] for s in dev["snapshots"])
+    stitched = dev["served"]["stitch"] + dev["served"]["stitch-grow"]
+    assert dev["stitches"] == stitched >= 1
+    assert any(w.startswith("stitch") for s in dev["snapshots"]
+               for w in s["why"])
     # The table is the one `jaxlake replay` prints.
     proc = _cli("replay", str(BUCKETS), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
@@ -295,7 +297,8 @@ def test_size_guard_on_a_million_events(tmp_path: Path,
     dev = data["devices"][0]
     assert len(dev["timeline"]["x"]) <= 20_000
     assert dev["stitches"] > 100
-    assert any("stitch" in s["why"] for s in dev["snapshots"])
+    assert any(w.startswith("stitch") for s in dev["snapshots"]
+               for w in s["why"])
 
 
 @pytest.fixture(scope="module")

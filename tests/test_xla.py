@@ -396,10 +396,8 @@ NEEDS_SHIM = pytest.mark.skipif(
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 # Makes device 0 ready as XLA does (cuInit, primary context, default pool)
-# and allocates through the hook; prints the lake's capacity.
-ALLOC_ON_DEVICE_0 = """
-import ctypes
-from jaxlake._src.xla import integration as xla
+# and allocates 4 MiB from its pool through the hook.
+ALLOC_4MIB_ON_DEVICE_0 = """
 cuda = ctypes.CDLL("libcuda.so.1")
 assert cuda.cuInit(0) == 0
 dev = ctypes.c_int(); cuda.cuDeviceGet(ctypes.byref(dev), 0)
@@ -408,7 +406,12 @@ cuda.cuCtxSetCurrent(ctx)
 pool = ctypes.c_void_p(); cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), dev)
 p = ctypes.c_uint64()
 assert cuda.cuMemAllocFromPoolAsync(ctypes.byref(p), ctypes.c_size_t(4 << 20), pool, None) == 0
-print("CAP", xla._loaded_shim().stats(0)["capacity"])
+"""
+# The same, then prints the lake's capacity.
+ALLOC_ON_DEVICE_0 = """
+import ctypes
+from jaxlake._src.xla import integration as xla
+""" + ALLOC_4MIB_ON_DEVICE_0 + """print("CAP", xla._loaded_shim().stats(0)["capacity"])
 """
 
 FAKE_DEVICE_BYTES = 1 << 30  # tests/shim/fake_cuda.cc
@@ -464,8 +467,8 @@ def test_doctor_shows_the_effective_capacity(fake_driver: str) -> None:
     out = subprocess.run([sys.executable, "-m", "jaxlake", "doctor",
                           "--no-jax"], env=env, capture_output=True,
                          text=True, timeout=180, cwd="/").stdout
-    assert "capacity:              0.25 GiB (from the capacity option)" in out
-    assert "lake capacity 0.25 GiB" in out, out
+    assert "capacity:              256 MiB (from the capacity option)" in out
+    assert "lake capacity 256 MiB" in out, out
 
 
 # -- defect: options given to configure() after the shim was loaded -------------
@@ -604,15 +607,7 @@ print("ACTIVE", status.active, status.reason)
 print("TRACE_FILE", os.path.exists({str(trace)!r}))
 """ + AFTER + """
 # The loaded shim forwards every call: the driver's pool serves this one.
-cuda = ctypes.CDLL("libcuda.so.1")
-assert cuda.cuInit(0) == 0
-dev = ctypes.c_int(); cuda.cuDeviceGet(ctypes.byref(dev), 0)
-ctx = ctypes.c_void_p(); cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
-cuda.cuCtxSetCurrent(ctx)
-pool = ctypes.c_void_p(); cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), dev)
-p = ctypes.c_uint64()
-assert cuda.cuMemAllocFromPoolAsync(ctypes.byref(p), ctypes.c_size_t(4 << 20), pool, None) == 0
-hooks = jaxlake.hook_counts()["cuMemAllocFromPoolAsync"]
+""" + ALLOC_4MIB_ON_DEVICE_0 + """hooks = jaxlake.hook_counts()["cuMemAllocFromPoolAsync"]
 from jaxlake._src.xla import integration as xla
 print("HOOK", hooks["served"], hooks["forwarded"], xla.devices())
 """, env)
