@@ -2,6 +2,7 @@
 # any other build of the libraries must list the same files.
 set(JAXLAKE_VMM_SOURCES
   cc/vmm/driver.cc
+  cc/vmm/latency.cc
   cc/vmm/sim_driver.cc
   cc/vmm/host_driver.cc
   cc/vmm/faulty_driver.cc

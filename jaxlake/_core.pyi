@@ -109,11 +109,24 @@ class TraceData:
 def parse_trace(data: bytes, csv: bool, lenient: bool) -> TraceData:
     """Parses a whole trace file (JSON lines, or RMM CSV when csv)."""
 
+class LatencyModel:
+    """The driver latency model (cc/vmm/latency.h): microseconds per call
+    by kind, as points (bytes, us)."""
+
+    source: str
+    def __init__(self) -> None: ...
+    @staticmethod
+    def zero() -> LatencyModel: ...
+    def set(self, kind: str, sizes: list[int], us: list[float]) -> None: ...
+    def points(self, kind: str) -> list[tuple[int, float]]: ...
+    def us(self, kind: str, bytes: int) -> float: ...
+
 class PolicyOptions:
     """The C++ replay::PolicyOptions struct."""
 
     capacity: int
     granularity: int
+    latency: LatencyModel
     lake: LakeOptions
     bfc_initial_region: int
     bfc_max_internal_fragmentation: int
@@ -121,6 +134,9 @@ class PolicyOptions:
     gmlake_frag_limit: int
     gmlake_reuse_limit: float
     def __init__(self) -> None: ...
+
+def call_kinds() -> list[str]:
+    """The driver call kinds (cc/vmm/driver.h), in its order."""
 
 def policy_names() -> list[str]:
     """The replay policies, in table order."""

@@ -78,7 +78,9 @@ def test_bench_table_comparisons_and_outputs(
                   "jaxlake U >= every other policy's U, per trace",
                   "W reduction vs bfc",
                   "median allocator time per op, jaxlake / bfc",
-                  "driver map calls, jaxlake vs gmlake"):
+                  "driver map calls, jaxlake vs gmlake",
+                  "estimated driver time, suite total (ms)",
+                  "jaxlake driver memory calls in the second half"):
         assert claim in out
     assert "replay speed over" in out
     data = json.loads((out_dir / "results.json").read_text())
@@ -90,7 +92,7 @@ def test_bench_table_comparisons_and_outputs(
     assert 0 < first["utilisation"] <= 1
     assert first["waste"] == first["peak_reserved"] - first["peak_live"]
     assert first["capacity"] is not None
-    assert len(data["comparisons"]) == 5
+    assert len(data["comparisons"]) == 7
     if has_matplotlib():
         png = (out_dir / "memory.png").read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n"

@@ -364,7 +364,7 @@ def test_capacity_above_the_device(backend: str) -> None:
 
 def test_options_checked_by_the_lake(backend: str) -> None:
     with pytest.raises(jaxlake.ConfigurationError, match="small_limit"):
-        jaxlake.Lake(backend, granularity="64KiB")  # small_limit 1 MiB
+        jaxlake.Lake(backend, granularity="64KiB", small_limit="1MiB")
     with pytest.raises(jaxlake.ConfigurationError, match="alignment"):
         jaxlake.Lake(backend, granularity="64KiB", small_limit="64KiB",
                      alignment="128KiB")
@@ -413,11 +413,12 @@ def test_failed_release_is_reported_kept_and_retried(
 
 
 def test_small_frees_on_another_stream_come_back(make_lake: MakeLake) -> None:
-    lake = make_lake(capacity=8 * MIB)
+    lake = make_lake(capacity=8 * MIB, small_limit=MIB)  # the small pool
     for _ in range(300):
         lake.free(lake.allocate(64 * 1024, stream=1), stream=2)
         lake.empty_cache()
     lake.empty_cache()
+    assert lake.stats().alloc_small == 300
     assert lake.stats().bytes_reserved == 0
     assert lake.stats().live_allocations == 0
 

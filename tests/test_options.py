@@ -75,7 +75,7 @@ def test_capacity_zero_is_an_error_that_says_what_to_do() -> None:
 def test_defaults_come_from_the_table() -> None:
     resolved = resolve_options(environ={})
     assert resolved == {o.name: o.default for o in jaxlake.option_table()}
-    assert resolved["stitch"] is True and resolved["small_limit"] == MIB
+    assert resolved["stitch"] is True and resolved["small_limit"] == 0
 
 
 def test_keyword_arguments_are_checked() -> None:

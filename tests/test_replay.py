@@ -388,3 +388,151 @@ def test_loads_and_replays_a_million_events_in_seconds(
         r = replay.replay(trace, policy, timing=True)
         assert r.events == 1_000_000 and r.allocs + r.frees == 1_000_000
         assert r.events_per_s > 1e5, (policy, r.events_per_s)
+
+
+# -- driver time and the steady state ------------------------------------------
+
+
+def latency_file(path: pathlib.Path, calls: object, **head: object) -> str:
+    data = {"format": "jaxlake-driver-latency", "version": 1,
+            "source": "test", "calls": calls, **head}
+    path.write_text(json.dumps(data))
+    return str(path)
+
+
+def steps_trace(path: pathlib.Path, steps: int = 6) -> str:
+    """Parameters made once, then identical steps: a temp buffer and
+    mid-size outputs replacing the previous step's."""
+    with TraceWriter(str(path), "steps") as w:
+        ids = iter(range(1, 1 << 30))
+        params = []
+        for _ in range(8):
+            i = next(ids)
+            w.alloc(i, 2 * MIB + MIB // 4, kind="param")
+            params.append(i)
+        for _ in range(steps):
+            temp = next(ids)
+            w.alloc(temp, 96 * MIB + 4096, kind="temp")
+            fresh = []
+            for _ in params:
+                i = next(ids)
+                w.alloc(i, 2 * MIB + MIB // 4, kind="param")
+                fresh.append(i)
+            for i in params:
+                w.free(i)
+            params = fresh
+            w.free(temp)
+    return str(path)
+
+
+def test_latency_file_replaces_the_model_kind_by_kind(
+        tmp_path: pathlib.Path) -> None:
+    trace = tracefile.read_trace(steps_trace(tmp_path / "s.jsonl"))
+    plain = replay.replay(trace, "jaxlake")
+    assert plain.latency_source == "defaults"
+    assert plain.driver_ms > 0
+    # map: 1000 us at any size; other kinds keep their defaults.
+    lat = replay.Latency.load(latency_file(
+        tmp_path / "l.json", {"map": [{"bytes": 2 * MIB, "us": 1000}]}))
+    for policy in ("jaxlake", "gmlake", "torch-expandable"):
+        r = replay.replay(trace, policy, latency=lat)
+        assert r.driver_us["map"] == pytest.approx(1000 * r.calls["map"])
+        base = replay.replay(trace, policy)
+        assert r.driver_us["create"] == pytest.approx(
+            base.driver_us["create"])
+    assert lat.source == "test"
+    # Interpolation between points, as the format says.
+    m = replay.Latency.parse({
+        "format": "jaxlake-driver-latency", "version": 1,
+        "calls": {"create": [{"bytes": 2 * MIB, "us": 10},
+                             {"bytes": 6 * MIB, "us": 30}]}}).model()
+    assert m.us("create", 4 * MIB) == pytest.approx(20)
+    assert m.us("create", 10 * MIB) == pytest.approx(50)
+
+
+@pytest.mark.parametrize("calls, head, message", [
+    ({"mmap": [{"bytes": 1, "us": 1}]}, {}, "unknown call kind 'mmap'"),
+    ({"map": [{"bytes": 4, "us": 1}, {"bytes": 2, "us": 1}]}, {},
+     "sorted by bytes"),
+    ({"map": [{"bytes": 0, "us": 1}]}, {}, "calls.map[0].bytes"),
+    ({"map": [{"bytes": 2, "us": -1}]}, {}, "calls.map[0].us"),
+    ({"map": []}, {}, "non-empty list"),
+    ({}, {"format": "other"}, '"format"'),
+    ({}, {"version": 2}, '"version"'),
+])
+def test_bad_latency_files_are_refused_by_name(
+        tmp_path: pathlib.Path, calls: object, head: object,
+        message: str) -> None:
+    path = latency_file(tmp_path / "l.json", calls, **head)  # type: ignore
+    with pytest.raises(replay.LatencyError) as e:
+        replay.Latency.load(path)
+    assert message in str(e.value)
+    assert path in str(e.value)
+
+
+def test_steady_state_calls(tmp_path: pathlib.Path) -> None:
+    trace = tracefile.read_trace(steps_trace(tmp_path / "s.jsonl"))
+    lake = replay.replay(trace, "jaxlake")
+    assert lake.memory_calls > 0
+    assert lake.steady_calls == 0  # the second half reuses the first's
+    assert lake.steady_driver_ms == 0
+    gm = replay.replay(trace, "gmlake")
+    assert gm.steady_calls <= gm.memory_calls
+    data = lake.to_json(timeline=False)
+    assert data["steady_calls"] == 0 and data["driver_ms"] > 0
+
+
+def _cli(argv: List[str]) -> "tuple[int, str]":
+    import argparse
+    import io
+    from jaxlake._src.bench import cli as bench_cli
+    parser = argparse.ArgumentParser(prog="jaxlake")
+    bench_cli.register(parser.add_subparsers(dest="command"))
+    args = parser.parse_args(argv)
+    out = io.StringIO()
+    return args.func(args, out), out.getvalue()
+
+
+def test_bench_and_replay_report_driver_time(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    folder = tmp_path / "suite"
+    folder.mkdir()
+    steps_trace(folder / "steps.jsonl")
+    lat = latency_file(tmp_path / "l.json",
+                       {"create": [{"bytes": 2 * MIB, "us": 100}]})
+    code, out = _cli(["bench", "--suite", str(folder), "--no-plots",
+                      "--no-progress", "--out", str(tmp_path / "out"),
+                      "--latency", lat])
+    assert code == 0
+    head = out.splitlines()[2]
+    for column in ("driver", "2nd calls", "2nd driver"):
+        assert column in head
+    assert "estimated driver time, suite total (ms): jaxlake" in out
+    assert "(latency model: test)" in out
+    assert ("jaxlake driver memory calls in the second half of each trace: "
+            "0 on 1/1 traces") in out
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert data["latency"] == "test"
+    r = data["traces"][0]["results"]["bfc"]
+    assert r["driver_us"]["create"] == pytest.approx(
+        100 * r["calls"]["create"])
+    code, out = _cli(["replay", str(folder / "steps.jsonl"), "--latency",
+                      lat, "-p", "jaxlake"])
+    assert code == 0 and "2nd driver" in out
+    bad = latency_file(tmp_path / "bad.json", {"maps": []})
+    code, _ = _cli(["replay", str(folder / "steps.jsonl"), "--latency", bad])
+    assert code == 1
+    assert "unknown call kind 'maps'" in capsys.readouterr().err
+
+
+def test_reads_the_gpu_checks_latency_sample() -> None:
+    """The file benchmarks/gpu/latency.py writes (a checked-in sample over
+    the fake driver) is what --latency reads."""
+    sample = (pathlib.Path(__file__).resolve().parents[1] / "benchmarks" /
+              "gpu" / "latency-sample-fake.json")
+    lat = replay.Latency.load(str(sample))
+    assert {"create", "map", "set_access", "unmap", "release"} <= set(
+        lat.calls)
+    model = lat.model()
+    first = lat.calls["map"][0]
+    assert model.us("map", first[0]) == pytest.approx(first[1])

@@ -109,31 +109,118 @@ enum class BlockState : std::uint8_t {
   kSlab,  // a small-pool slab (owner = slab id)
 };
 
+// Recycles the nodes of the lake's trees and tables: most operations free
+// one node and make another of the same size, and a free list hands it
+// back without malloc. Guarded by the lake's mutex like the containers.
+class NodePool {
+ public:
+  NodePool() = default;
+  NodePool(const NodePool&) = delete;
+  NodePool& operator=(const NodePool&) = delete;
+  ~NodePool() {
+    for (void* head : free_)
+      while (head) {
+        void* next = *static_cast<void**>(head);
+        ::operator delete(head);
+        head = next;
+      }
+  }
+  void* get(std::size_t bytes) {
+    const std::size_t c = Class(bytes);
+    if (c >= kClasses) return ::operator new(bytes);
+    if (void* p = free_[c]) {
+      free_[c] = *static_cast<void**>(p);
+      return p;
+    }
+    return ::operator new((c + 1) * 8);
+  }
+  void put(void* p, std::size_t bytes) {
+    const std::size_t c = Class(bytes);
+    if (c >= kClasses) {
+      ::operator delete(p);
+      return;
+    }
+    *static_cast<void**>(p) = free_[c];
+    free_[c] = p;
+  }
+
+ private:
+  static constexpr std::size_t kClasses = 16;  // nodes up to 128 bytes
+  static std::size_t Class(std::size_t bytes) { return (bytes + 7) / 8 - 1; }
+  void* free_[kClasses] = {};
+};
+
+// An allocator of single nodes from a NodePool (arrays, such as hash
+// buckets, come from operator new).
+template <typename T>
+struct NodeAlloc {
+  using value_type = T;
+  NodePool* pool;
+  explicit NodeAlloc(NodePool* p) : pool(p) {}
+  template <typename U>
+  NodeAlloc(const NodeAlloc<U>& o) : pool(o.pool) {}  // NOLINT
+  T* allocate(std::size_t n) {
+    if (n != 1) return static_cast<T*>(::operator new(n * sizeof(T)));
+    return static_cast<T*>(pool->get(sizeof(T)));
+  }
+  void deallocate(T* p, std::size_t n) {
+    if (n != 1) return ::operator delete(p);
+    pool->put(p, sizeof(T));
+  }
+  template <typename U>
+  bool operator==(const NodeAlloc<U>& o) const { return pool == o.pool; }
+  template <typename U>
+  bool operator!=(const NodeAlloc<U>& o) const { return pool != o.pool; }
+};
+
+// (units, segment, start unit) of a free block: the free index's key, so
+// best fit is a lower_bound.
+using FreeKey = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>;
+using FreeIndex =
+    std::set<FreeKey, std::less<FreeKey>, NodeAlloc<FreeKey>>;
+
 struct Block {
-  std::uint64_t end = 0;  // one past the last chunk
+  std::uint64_t end = 0;  // one past the last unit
   BlockState state = BlockState::kFree;
   std::uint64_t owner = 0;
   Tag tag;
+  FreeIndex::iterator idx{};  // its free index entry, while kFree
 };
 
+// Offsets and lengths inside segments are in units of the alignment (256 B
+// by default): blocks are split at the alignment, so a request above
+// small_limit holds at most one alignment more than it asked for. Maps,
+// unmaps and stitched pieces work in whole chunks (chunk = granularity).
+using BlockMap =
+    std::map<std::uint64_t, Block, std::less<std::uint64_t>,
+             NodeAlloc<std::pair<const std::uint64_t, Block>>>;
+
 struct Segment {
+  explicit Segment(NodePool* nodes) : blocks(NodeAlloc<int>(nodes)) {}
   Handle handle = 0;
   std::uintptr_t va = 0;
   std::uint64_t nchunks = 0;
   std::uint64_t stitch_refs = 0;  // stitched ranges mapping its chunks
-  std::map<std::uint64_t, Block> blocks;  // start chunk -> block
+  BlockMap blocks;  // start unit -> block
 };
 
+// A run of whole chunks of one segment (start and n in units, both
+// multiples of the units per chunk).
 struct Piece {
   std::uint64_t seg;
   std::uint64_t start;
   std::uint64_t n;
 };
 
+// A stitched range maps its pieces in order. Its allocation begins `lead`
+// units into the first piece (a free tail that ends at a chunk boundary can
+// lead a range; the units before it belong to other blocks) and spans
+// `used` units; the rest of the last piece stays free for anyone.
 struct Stitched {
   std::uintptr_t va = 0;
-  std::uint64_t nchunks = 0;      // chunks mapped (VA size / granularity)
-  std::uint64_t used = 0;         // leading chunks lent to the live block
+  std::uint64_t nunits = 0;       // units mapped (VA size / alignment)
+  std::uint64_t lead = 0;         // units of the first piece before the block
+  std::uint64_t used = 0;         // units lent to the live block
   std::vector<Piece> pieces;      // in address order
   bool mapping = false;           // claimed, being mapped right now
   bool dropping = false;          // being unmapped right now
@@ -144,8 +231,8 @@ struct Stitched {
 
 struct Slab {
   std::uint64_t seg = 0;
-  std::uint64_t start = 0;
-  std::uint64_t nchunks = 0;
+  std::uint64_t start = 0;   // units
+  std::uint64_t nunits = 0;
   std::uintptr_t base = 0;
   std::size_t bytes = 0;
   std::size_t used = 0;                     // bytes handed out
@@ -161,7 +248,7 @@ struct Alloc {
   Stream stream = 0;
   Kind kind = Kind::kPrimary;
   std::uint64_t seg = 0;    // primary
-  std::uint64_t start = 0;  // primary
+  std::uint64_t start = 0;  // primary (unit)
   std::uint64_t owner = 0;  // stitched or slab id
 };
 
@@ -176,8 +263,6 @@ struct StreamState {
   std::uint64_t records = 0;
   bool pending = false;
 };
-
-using FreeKey = std::tuple<std::uint64_t, std::uint64_t, std::uint64_t>;
 
 // Driver resources the lake has given up but the driver failed to release
 // (a failed unmap, release or address_free). They are kept and retried on
@@ -202,14 +287,17 @@ struct Lake::Impl {
   vmm::Driver& drv;
   LakeOptions opt;
   std::size_t gran;
+  std::size_t unit;   // bytes per unit (the alignment)
+  std::uint64_t cu;   // units per chunk
   std::size_t capacity;
   std::size_t slab_bytes;
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
 
   mutable std::mutex mu;
+  NodePool nodes;  // before the containers that use it
   std::unordered_map<std::uint64_t, Segment> segs;
   std::uint64_t next_seg = 1;
-  std::set<FreeKey> free_index;  // (nchunks, seg, start) of free blocks
+  FreeIndex free_index{NodeAlloc<FreeKey>(&nodes)};  // by (units, seg, start)
   std::unordered_map<std::uint64_t, Stitched> stitched;
   std::list<std::uint64_t> lru;  // cached stitched ids, most recent first
   std::unordered_map<std::uint64_t, Slab> slabs;
@@ -218,7 +306,11 @@ struct Lake::Impl {
   std::unordered_map<Stream, std::set<std::pair<std::size_t, std::uintptr_t>>>
       small_free;
   std::uint64_t next_id = 1;
-  std::unordered_map<std::uintptr_t, Alloc> live;
+  std::unordered_map<std::uintptr_t, Alloc, std::hash<std::uintptr_t>,
+                     std::equal_to<std::uintptr_t>,
+                     NodeAlloc<std::pair<const std::uintptr_t, Alloc>>>
+      live{16, std::hash<std::uintptr_t>(), std::equal_to<std::uintptr_t>(),
+           NodeAlloc<std::pair<const std::uintptr_t, Alloc>>(&nodes)};
   std::unordered_map<Stream, StreamState> streams;
   std::size_t pending_bytes = 0;  // physical bytes being created right now
   // Physical bytes of segments being released right now (lock released):
@@ -241,6 +333,8 @@ struct Lake::Impl {
       : drv(d),
         opt(o),
         gran(d.granularity()),
+        unit(o.alignment),
+        cu(static_cast<std::uint64_t>(d.granularity() / o.alignment)),
         capacity(o.capacity ? o.capacity : d.total_memory()),
         slab_bytes(o.small_slab ? o.small_slab : d.granularity()) {}
 
@@ -255,6 +349,12 @@ struct Lake::Impl {
   }
   bool Usable(const Tag& t, Stream s) const {
     return t.stream == s || Safe(t);
+  }
+  // True when no stream but s has ever freed anything: then every tag is
+  // s's own or never used, and every free block is usable by s.
+  bool OnlyStream(Stream s) const {
+    return streams.empty() ||
+           (streams.size() == 1 && streams.begin()->first == s);
   }
 
   // Records (if needed) and queries one event per stream with unfenced
@@ -345,11 +445,22 @@ struct Lake::Impl {
 
   // ---- blocks ----------------------------------------------------------------
 
-  void IndexAdd(std::uint64_t seg, std::uint64_t start, const Block& b) {
-    free_index.emplace(b.end - start, seg, start);
+  void IndexAdd(std::uint64_t seg, std::uint64_t start, Block& b) {
+    b.idx = free_index.emplace(b.end - start, seg, start).first;
   }
-  void IndexRemove(std::uint64_t seg, std::uint64_t start, const Block& b) {
-    free_index.erase(FreeKey(b.end - start, seg, start));
+  void IndexRemove(std::uint64_t, std::uint64_t, const Block& b) {
+    free_index.erase(b.idx);
+  }
+
+  // The block holding unit u of a segment.
+  const Block& BlockAt(std::uint64_t seg_id, std::uint64_t u) const {
+    const Segment& seg = segs.at(seg_id);
+    return std::prev(seg.blocks.upper_bound(u))->second;
+  }
+
+  std::uint64_t ChunkDown(std::uint64_t u) const { return u - u % cu; }
+  std::uint64_t ChunkUp(std::uint64_t u) const {
+    return u % cu ? u - u % cu + cu : u;
   }
 
   // Marks [start, start+n) of segment `seg`, which must lie inside one free
@@ -359,27 +470,26 @@ struct Lake::Impl {
     Segment& seg = segs.at(seg_id);
     auto it = std::prev(seg.blocks.upper_bound(start));
     const std::uint64_t bstart = it->first;
-    Block b = it->second;
+    const Block b = it->second;
     assert(b.state == BlockState::kFree && b.end >= start + n);
     IndexRemove(seg_id, bstart, b);
-    seg.blocks.erase(it);
+    // The free block's node becomes the left part, or the carved block
+    // itself when it starts there (no node is freed and made again).
+    auto hint = std::next(it);
     if (bstart < start) {
-      Block left = b;
-      left.end = start;
-      seg.blocks.emplace(bstart, left);
-      IndexAdd(seg_id, bstart, left);
+      it->second.end = start;
+      IndexAdd(seg_id, bstart, it->second);
+      it = seg.blocks.emplace_hint(hint, start, Block{});
     }
-    if (start + n < b.end) {
-      Block right = b;
-      seg.blocks.emplace(start + n, right);
-      IndexAdd(seg_id, start + n, right);
-    }
-    Block mid;
+    Block& mid = it->second;
     mid.end = start + n;
     mid.state = state;
     mid.owner = owner;
     mid.tag = b.tag;
-    seg.blocks.emplace(start, mid);
+    if (start + n < b.end) {
+      auto r = seg.blocks.emplace_hint(hint, start + n, b);
+      IndexAdd(seg_id, start + n, r->second);
+    }
   }
 
   // Two free neighbours merge when they share a stream or one of them is
@@ -647,14 +757,13 @@ struct Lake::Impl {
       return s;
     }
     const std::uint64_t id = next_seg++;
-    Segment& seg = segs[id];
+    Segment& seg = segs.try_emplace(id, &nodes).first->second;
     seg.handle = h;
     seg.va = va;
     seg.nchunks = n;
     Block b;
-    b.end = n;
-    seg.blocks.emplace(0, b);
-    IndexAdd(id, 0, b);
+    b.end = n * cu;
+    IndexAdd(id, 0, seg.blocks.emplace(0, b).first->second);
     st.bytes_reserved.add(static_cast<std::int64_t>(bytes));
     st.segments.add(1);
     *seg_out = id;
@@ -751,13 +860,18 @@ struct Lake::Impl {
         segs.at(p.seg).stitch_refs += static_cast<std::uint64_t>(delta);
   }
 
-  // Calls f(seg, start, n) for each run of the first `used` chunks.
+  // Calls f(seg, start, n) for each run of the first `used` units of the
+  // range's block (after its lead), one run per piece, in order.
   template <typename F>
   static void ForUsed(const Stitched& r, std::uint64_t used, F&& f) {
+    std::uint64_t skip = r.lead;
     for (const Piece& p : r.pieces) {
       if (used == 0) break;
-      const std::uint64_t k = std::min(used, p.n);
-      f(p.seg, p.start, k);
+      const std::uint64_t d = std::min(skip, p.n);
+      skip -= d;
+      if (d == p.n) continue;
+      const std::uint64_t k = std::min(used, p.n - d);
+      f(p.seg, p.start + d, k);
       used -= k;
     }
   }
@@ -776,8 +890,8 @@ struct Lake::Impl {
     undo.va = r.va;
     std::uintptr_t at = r.va;
     for (const Piece& p : r.pieces) {
-      undo.maps.emplace_back(at, std::size_t{p.n} * gran);
-      at += std::size_t{p.n} * gran;
+      undo.maps.emplace_back(at, std::size_t{p.n} * unit);
+      at += std::size_t{p.n} * unit;
     }
     undo.va_bytes = at - r.va;
     const std::size_t bytes = undo.va_bytes;
@@ -827,8 +941,13 @@ struct Lake::Impl {
 
   // A free block of >= n chunks usable by stream s (best fit), or false.
   bool FindFit(std::uint64_t n, Stream s, FreeKey* out) const {
-    for (auto it = free_index.lower_bound(FreeKey(n, 0, 0));
-         it != free_index.end(); ++it) {
+    auto it = free_index.lower_bound(FreeKey(n, 0, 0));
+    if (OnlyStream(s)) {  // every free block is usable: no tag to look at
+      if (it == free_index.end()) return false;
+      *out = *it;
+      return true;
+    }
+    for (; it != free_index.end(); ++it) {
       const auto [len, seg_id, start] = *it;
       if (Usable(segs.at(seg_id).blocks.at(start).tag, s)) {
         *out = *it;
@@ -838,14 +957,16 @@ struct Lake::Impl {
     return false;
   }
 
-  // Claims n chunks of one primary block for `state`/`owner`: best fit, else
-  // a new segment. kOutOfMemory when neither is possible; *how tells which.
+  // Claims n units of one primary block for `state`/`owner`: best fit, else
+  // a new segment of whole chunks (the rest of its last chunk stays free).
+  // kOutOfMemory when neither is possible; *how tells which.
+  // `found`: a fit the caller already found (FindFit), if any.
   Status ClaimPrimary(std::unique_lock<std::mutex>& lk, std::uint64_t n,
                       Stream s, BlockState state, std::uint64_t owner,
                       std::uint64_t* seg_out, std::uint64_t* start_out,
-                      AllocState* how) {
+                      AllocState* how, const FreeKey* found = nullptr) {
     FreeKey fit;
-    if (FindFit(n, s, &fit)) {
+    if (found != nullptr ? (fit = *found, true) : FindFit(n, s, &fit)) {
       const auto [len, seg_id, start] = fit;
       Carve(seg_id, start, n, state, owner);
       *seg_out = seg_id;
@@ -853,8 +974,9 @@ struct Lake::Impl {
       *how = len == n ? AllocState::fit : AllocState::split;
       return Status::kOk;
     }
-    if (!ClaimCapacity(n)) return Status::kOutOfMemory;
-    Status cs = CreateSegment(lk, n, seg_out);
+    const std::uint64_t chunks = ChunkUp(n) / cu;
+    if (!ClaimCapacity(chunks)) return Status::kOutOfMemory;
+    Status cs = CreateSegment(lk, chunks, seg_out);
     if (cs != Status::kOk) return cs;
     Carve(*seg_out, 0, n, state, owner);
     *start_out = 0;
@@ -906,14 +1028,18 @@ struct Lake::Impl {
   Alloc StitchedAlloc(std::uint64_t id, std::size_t size, Stream s) const {
     Alloc a;
     a.size = size;
-    a.rounded = std::size_t{stitched.at(id).used} * gran;
+    a.rounded = std::size_t{stitched.at(id).used} * unit;
     a.stream = s;
     a.kind = Kind::kStitched;
     a.owner = id;
     return a;
   }
 
-  // Cached ranges large enough for a request whose chunks are checked, most
+  std::uintptr_t StitchedAddress(const Stitched& r) const {
+    return r.va + std::size_t{r.lead} * unit;
+  }
+
+  // Cached ranges large enough for a request whose units are checked, most
   // recently freed first: a bound on the cost of a miss (a training step
   // reuses the ranges its previous step freed, which come first).
   static constexpr int kReuseCandidates = 8;
@@ -923,7 +1049,7 @@ struct Lake::Impl {
     int candidates = 0;
     for (auto it = lru.begin(); it != lru.end(); ++it) {
       Stitched& r = stitched.at(*it);
-      if (r.nchunks < n) continue;
+      if (r.nunits - r.lead < n) continue;
       if (++candidates > kReuseCandidates) break;
       // Reusing the range's VA from another stream needs its last use done.
       if (!Usable(r.tag, s)) continue;
@@ -941,48 +1067,80 @@ struct Lake::Impl {
                         std::uint64_t k) {
         Carve(seg, start, k, BlockState::kLent, id);
       });
-      *addr = r.va;
+      *addr = StitchedAddress(r);
       OnAllocated(*addr, StitchedAlloc(id, size, s), AllocState::stitch_reuse);
       return true;
     }
     return false;
   }
 
-  // Chooses free blocks usable by s, largest first, up to n chunks. Returns
-  // the chunks covered.
+  // Free blocks of less than a chunk checked as the lead of a stitch.
+  static constexpr int kLeadCandidates = 16;
+
+  // Plans a stitched range for n units on stream s. Pieces: the whole free
+  // chunks of free blocks usable by s, largest block first. When they fall
+  // short, a free block smaller than a chunk that ends at a chunk boundary
+  // may lead the range (*lead: the units of its chunk before it) when it
+  // saves a chunk of the shortfall (best fit among those). Returns the
+  // units the plan covers after the lead.
   std::uint64_t PlanStitch(std::uint64_t n, Stream s,
-                           std::vector<Piece>* plan) {
+                           std::vector<Piece>* plan, std::uint64_t* lead) {
     std::uint64_t got = 0;
+    *lead = 0;
     for (auto it = free_index.rbegin(); it != free_index.rend() && got < n;
          ++it) {
       auto [len, seg_id, start] = *it;
+      if (len < cu) break;  // no whole chunk in this block or any after it
+      const std::uint64_t a = ChunkUp(start);
+      const std::uint64_t b = ChunkDown(start + len);
+      if (b <= a) continue;
       if (!Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
-      const std::uint64_t k = std::min(len, n - got);
-      plan->push_back(Piece{seg_id, start, k});
+      const std::uint64_t k = std::min(b - a, ChunkUp(n - got));
+      plan->push_back(Piece{seg_id, a, k});
       got += k;
       if (opt.max_pieces && plan->size() >= opt.max_pieces) break;
+    }
+    if (got < n) {
+      const std::uint64_t need = n - got;
+      const std::uint64_t rem = need - (ChunkUp(need) - cu);  // 1..cu
+      const bool room = !opt.max_pieces || plan->size() + 2 <= opt.max_pieces;
+      int seen = 0;
+      for (auto it = free_index.lower_bound(FreeKey(rem, 0, 0));
+           room && it != free_index.end() && seen < kLeadCandidates; ++it) {
+        auto [len, seg_id, start] = *it;
+        if (len >= cu) break;
+        if ((start + len) % cu != 0) continue;
+        ++seen;
+        if (!Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
+        const std::uint64_t c = start + len - cu;
+        plan->insert(plan->begin(), Piece{seg_id, c, cu});
+        *lead = start - c;
+        got += len;
+        break;
+      }
     }
     // A shortfall segment needs a piece of its own.
     if (got < n && opt.max_pieces) {
       while (!plan->empty() && plan->size() + 1 > opt.max_pieces) {
-        got -= plan->back().n;
+        got -= plan->back().n - (plan->size() == 1 ? *lead : 0);
         plan->pop_back();
       }
+      if (plan->empty()) *lead = 0;
     }
-    return got;
+    return std::min(got, n);
   }
 
-  // Maps `pieces` into a new range of n chunks and lends it to a live
-  // allocation. The pieces must already be carved as kLent to `id`.
-  Status MapStitched(std::unique_lock<std::mutex>& lk, std::uint64_t id,
-                     std::uint64_t n) {
+  // Maps the pieces of range `id` into a new reservation (lock released
+  // meanwhile); the range's used units must already be lent to it.
+  Status MapStitched(std::unique_lock<std::mutex>& lk, std::uint64_t id) {
     const std::vector<Piece> pieces = stitched.at(id).pieces;
     std::vector<std::pair<Handle, std::size_t>> src;  // handle, byte offset
+    std::size_t bytes = 0;
     for (const Piece& p : pieces) {
       const Segment& seg = segs.at(p.seg);
-      src.emplace_back(seg.handle, std::size_t{p.start} * gran);
+      src.emplace_back(seg.handle, std::size_t{p.start} * unit);
+      bytes += std::size_t{p.n} * unit;
     }
-    const std::size_t bytes = std::size_t{n} * gran;
     lk.unlock();
     std::uintptr_t va = 0;
     Status s = drv.reserve(bytes, &va);
@@ -990,7 +1148,7 @@ struct Lake::Impl {
     std::size_t done_bytes = 0;
     if (s == Status::kOk) {
       for (; mapped < pieces.size(); ++mapped) {
-        const std::size_t pb = std::size_t{pieces[mapped].n} * gran;
+        const std::size_t pb = std::size_t{pieces[mapped].n} * unit;
         s = drv.map(va + done_bytes, pb, src[mapped].second,
                     src[mapped].first);
         if (s != Status::kOk) break;
@@ -1005,8 +1163,8 @@ struct Lake::Impl {
       undo.va_bytes = bytes;
       std::uintptr_t at = va;
       for (std::size_t i = 0; i < mapped; ++i) {
-        undo.maps.emplace_back(at, std::size_t{pieces[i].n} * gran);
-        at += std::size_t{pieces[i].n} * gran;
+        undo.maps.emplace_back(at, std::size_t{pieces[i].n} * unit);
+        at += std::size_t{pieces[i].n} * unit;
       }
       us = Teardown(undo, nullptr);
     }
@@ -1025,41 +1183,51 @@ struct Lake::Impl {
     return Status::kOk;
   }
 
-  // Undoes a failed stitch: returns the lent pieces to the free pool with
-  // the tags they had.
+  // Undoes a failed stitch: returns the lent runs to the free pool with the
+  // tags they had (one per run, in order).
   void AbandonStitched(std::uint64_t id, const std::vector<Tag>& tags) {
     Stitched& r = stitched.at(id);
     StitchRefs(r, -1);
-    for (std::size_t i = 0; i < r.pieces.size(); ++i)
-      MakeFree(r.pieces[i].seg, r.pieces[i].start, tags[i]);
+    std::vector<Piece> runs;
+    ForUsed(r, r.used, [&](std::uint64_t seg, std::uint64_t start,
+                           std::uint64_t k) {
+      runs.push_back(Piece{seg, start, k});
+    });
+    for (std::size_t i = 0; i < runs.size(); ++i)
+      MakeFree(runs[i].seg, runs[i].start, tags[i]);
     stitched.erase(id);
   }
 
-  // Stitches free blocks (plus, if allowed, a new segment for the shortfall)
-  // into a range of n chunks. Returns kOk and sets *addr on success;
-  // kOutOfMemory if stitching cannot serve the request (nothing changed).
+  // Stitches free chunks (plus, if allowed, a new segment for the
+  // shortfall) into a range for n units. Returns kOk and sets *addr on
+  // success; kOutOfMemory if stitching cannot serve the request (nothing
+  // changed).
   Status TryStitch(std::unique_lock<std::mutex>& lk, std::uint64_t n,
                    Stream s, std::size_t size, std::uintptr_t* addr,
                    AllocState* state) {
     if (!opt.stitch || size < opt.stitch_min) return Status::kOutOfMemory;
     std::vector<Piece> plan;
-    const std::uint64_t got = PlanStitch(n, s, &plan);
+    std::uint64_t lead = 0;
+    const std::uint64_t got = PlanStitch(n, s, &plan, &lead);
     if (plan.empty()) return Status::kOutOfMemory;
-    const std::uint64_t shortfall = n - got;
+    const std::uint64_t shortfall = got < n ? ChunkUp(n - got) / cu : 0;
     if (shortfall > 0 && (!opt.stitch_grow || !ClaimCapacity(shortfall)))
       return Status::kOutOfMemory;
     bool grew = false;
-    std::vector<Tag> tags;
     const std::uint64_t id = next_id++;
-    // Claim the planned pieces before releasing the lock.
-    for (const Piece& p : plan) {
-      tags.push_back(segs.at(p.seg).blocks.at(p.start).tag);
-      Carve(p.seg, p.start, p.n, BlockState::kLent, id);
-    }
     Stitched& r0 = stitched[id];
     r0.pieces = plan;
+    r0.lead = lead;
     r0.mapping = true;
-    r0.nchunks = got;
+    for (const Piece& p : plan) r0.nunits += p.n;
+    r0.used = got;
+    // Claim the planned units before releasing the lock.
+    std::vector<Tag> tags;
+    ForUsed(r0, got, [&](std::uint64_t seg, std::uint64_t start,
+                         std::uint64_t k) {
+      tags.push_back(BlockAt(seg, start).tag);
+      Carve(seg, start, k, BlockState::kLent, id);
+    });
     StitchRefs(r0, +1);
     if (shortfall > 0) {
       std::uint64_t seg_id = 0;
@@ -1068,29 +1236,30 @@ struct Lake::Impl {
         AbandonStitched(id, tags);
         return cs;
       }
-      Carve(seg_id, 0, shortfall, BlockState::kLent, id);
+      Carve(seg_id, 0, n - got, BlockState::kLent, id);
       Stitched& r = stitched.at(id);
-      r.pieces.push_back(Piece{seg_id, 0, shortfall});
-      r.nchunks = n;
+      r.pieces.push_back(Piece{seg_id, 0, shortfall * cu});
+      r.nunits += shortfall * cu;
+      r.used = n;
       tags.push_back(Tag{});
       segs.at(seg_id).stitch_refs += 1;
       grew = true;
     }
-    Status ms = MapStitched(lk, id, n);
+    Status ms = MapStitched(lk, id);
     if (ms != Status::kOk) {
       ++st.driver_errors;
       AbandonStitched(id, tags);
       return ms;
     }
     Stitched& r = stitched.at(id);
-    r.used = n;
-    *addr = r.va;
+    *addr = StitchedAddress(r);
     *state = grew ? AllocState::stitch_grow : AllocState::stitch;
     OnAllocated(*addr, StitchedAlloc(id, size, s), *state);
     return Status::kOk;
   }
 
-  // One pass of the large-request states. kOutOfMemory: nothing fit.
+  // One pass of the large-request states for n units. kOutOfMemory:
+  // nothing fit.
   Status LargeOnce(std::unique_lock<std::mutex>& lk, std::uint64_t n,
                    Stream s, std::size_t size, std::uintptr_t* addr,
                    AllocState* state) {
@@ -1117,16 +1286,16 @@ struct Lake::Impl {
     }
     std::uint64_t seg = 0, start = 0;
     Status r = ClaimPrimary(lk, n, s, BlockState::kLive, 0, &seg, &start,
-                            state);
+                            state, found ? &fit : nullptr);
     if (r != Status::kOk) return r;
     Alloc a;
     a.size = size;
-    a.rounded = std::size_t{n} * gran;
+    a.rounded = std::size_t{n} * unit;
     a.stream = s;
     a.kind = Kind::kPrimary;
     a.seg = seg;
     a.start = start;
-    *addr = segs.at(seg).va + std::size_t{start} * gran;
+    *addr = segs.at(seg).va + std::size_t{start} * unit;
     OnAllocated(*addr, a, *state);
     return Status::kOk;
   }
@@ -1136,7 +1305,7 @@ struct Lake::Impl {
   // A new slab for stream s: one primary block (never a stitch, which would
   // tie a stitched range to the long-lived small pool).
   Status NewSlab(std::unique_lock<std::mutex>& lk, Stream s) {
-    const std::uint64_t n = static_cast<std::uint64_t>(slab_bytes / gran);
+    const auto n = static_cast<std::uint64_t>(slab_bytes / unit);
     const std::uint64_t id = next_id++;
     std::uint64_t seg = 0, start = 0;
     AllocState how;
@@ -1146,8 +1315,8 @@ struct Lake::Impl {
     Slab& sl = slabs[id];
     sl.seg = seg;
     sl.start = start;
-    sl.nchunks = n;
-    sl.base = segs.at(seg).va + std::size_t{start} * gran;
+    sl.nunits = n;
+    sl.base = segs.at(seg).va + std::size_t{start} * unit;
     sl.bytes = slab_bytes;
     sl.stream = s;
     sl.free.emplace(0, slab_bytes);
@@ -1288,19 +1457,21 @@ struct Lake::Impl {
           e << "stitched range " << id << " maps missing segment " << p.seg;
           return e.str();
         }
-        if (p.start + p.n > segs.at(p.seg).nchunks) {
-          e << "stitched range " << id << " maps past segment " << p.seg;
+        if (p.start + p.n > segs.at(p.seg).nchunks * cu || p.start % cu ||
+            p.n % cu || p.n == 0) {
+          e << "stitched range " << id
+            << " maps past segment or not whole chunks of " << p.seg;
           return e.str();
         }
         if (seen.insert(p.seg).second) ++refs[p.seg];
         total += p.n;
       }
-      if (total != r.nchunks) {
+      if (total != r.nunits) {
         e << "stitched range " << id << " pieces cover " << total
-          << " chunks, expected " << r.nchunks;
+          << " units, expected " << r.nunits;
         return e.str();
       }
-      if (r.used > r.nchunks) {
+      if (r.lead >= cu || r.lead + r.used > r.nunits) {
         e << "stitched range " << id << " lends more chunks than it maps";
         return e.str();
       }
@@ -1309,7 +1480,7 @@ struct Lake::Impl {
       reserved += std::size_t{seg.nchunks} * gran;
       std::uint64_t at = 0;
       for (const auto& [start, b] : seg.blocks) {
-        if (start != at || b.end <= start || b.end > seg.nchunks) {
+        if (start != at || b.end <= start || b.end > seg.nchunks * cu) {
           e << "segment " << id << " blocks do not tile it at chunk " << start;
           return e.str();
         }
@@ -1330,7 +1501,7 @@ struct Lake::Impl {
           // The block must lie within the lent prefix of its range.
           bool inside = false;
           const Stitched& r = rit->second;
-          ForUsed(r, r.mapping ? r.nchunks : r.used,
+          ForUsed(r, r.used,
                   [&](std::uint64_t sg, std::uint64_t s0, std::uint64_t k) {
                     if (sg == id && start >= s0 && b.end <= s0 + k)
                       inside = true;
@@ -1344,22 +1515,22 @@ struct Lake::Impl {
         } else if (b.state == BlockState::kSlab) {
           auto sit = slabs.find(b.owner);
           if (sit == slabs.end() || sit->second.seg != id ||
-              sit->second.start != start || sit->second.nchunks != n) {
+              sit->second.start != start || sit->second.nunits != n) {
             e << "slab block " << id << ":" << start << " has no slab";
             return e.str();
           }
         } else if (b.state == BlockState::kLive) {
-          auto lit = live.find(seg.va + std::size_t{start} * gran);
+          auto lit = live.find(seg.va + std::size_t{start} * unit);
           if (lit == live.end() || lit->second.kind != Kind::kPrimary ||
-              lit->second.rounded != std::size_t{n} * gran) {
+              lit->second.rounded != std::size_t{n} * unit) {
             e << "live block " << id << ":" << start << " has no allocation";
             return e.str();
           }
         }
       }
-      if (at != seg.nchunks) {
-        e << "segment " << id << " blocks end at " << at << " of "
-          << seg.nchunks;
+      if (at != seg.nchunks * cu) {
+        e << "segment " << id << " blocks end at unit " << at << " of "
+          << seg.nchunks * cu;
         return e.str();
       }
       const std::uint64_t want = refs.count(id) ? refs.at(id) : 0;
@@ -1376,9 +1547,9 @@ struct Lake::Impl {
     }
     std::size_t stitched_va = 0, cached = 0;
     for (const auto& [id, r] : stitched) {
-      if (!r.mapping) stitched_va += std::size_t{r.nchunks} * gran;
+      if (!r.mapping) stitched_va += std::size_t{r.nunits} * unit;
       const std::uint64_t lent = lent_by.count(id) ? lent_by.at(id) : 0;
-      const std::uint64_t want = r.mapping ? r.nchunks : r.used;
+      const std::uint64_t want = r.used;
       if (lent != want) {
         e << "stitched range " << id << " has " << lent
           << " chunks lent, expected " << want;
@@ -1405,8 +1576,8 @@ struct Lake::Impl {
       }
       if (a.kind == Kind::kStitched) {
         auto rit = stitched.find(a.owner);
-        if (rit == stitched.end() || rit->second.va != addr ||
-            std::size_t{rit->second.used} * gran != a.rounded) {
+        if (rit == stitched.end() || StitchedAddress(rit->second) != addr ||
+            std::size_t{rit->second.used} * unit != a.rounded) {
           e << "stitched allocation " << addr << " does not match its range";
           return e.str();
         }
@@ -1477,8 +1648,8 @@ struct Lake::Impl {
       << Bytes(st.bytes_in_use.peak) << "), reserved "
       << Bytes(st.bytes_reserved.current) << " (peak "
       << Bytes(st.bytes_reserved.peak) << ") of capacity " << Bytes(capacity)
-      << ", free " << Bytes(free_chunks * gran) << " in "
-      << free_index.size() << " blocks (largest " << Bytes(largest * gran)
+      << ", free " << Bytes(free_chunks * unit) << " in "
+      << free_index.size() << " blocks (largest " << Bytes(largest * unit)
       << "), small pool " << Bytes(st.bytes_small_reserved.current)
       << ", cached stitched ranges " << lru.size() << ", live allocations "
       << live.size();
@@ -1536,7 +1707,8 @@ Status Lake::allocate(std::size_t nbytes, Stream stream,
     if (chunks > m.capacity / m.gran) {
       r = Status::kOutOfMemory;
     } else {
-      const auto n = static_cast<std::uint64_t>(chunks);
+      const auto n = static_cast<std::uint64_t>(RoundUp(nbytes, m.unit) /
+                                                m.unit);
       r = m.WithReclaim(lk, [&] {
         return m.LargeOnce(lk, n, stream, nbytes, address, state);
       });
@@ -1673,36 +1845,55 @@ LakeSnapshot Lake::snapshot() const {
   LakeSnapshot out;
   out.granularity = m.gran;
   out.capacity = m.capacity;
+  // Blocks are split at the alignment; the snapshot shows whole chunks.
+  // A chunk takes the state of the units that matter most in it: lent,
+  // else live, else slab; it is free only when all its units are free
+  // (the chunks stitching can take), and pending when any of them is.
+  std::unordered_map<std::uint64_t, std::uint64_t> lent_chunks;
   for (const auto& [id, seg] : m.segs) {
     SnapshotSegment s;
     s.id = id;
     s.va = seg.va;
     s.nchunks = seg.nchunks;
-    for (const auto& [start, b] : seg.blocks) {
+    auto it = seg.blocks.begin();
+    for (std::uint64_t c = 0; c < seg.nchunks; ++c) {
+      const std::uint64_t lo = c * m.cu, hi = lo + m.cu;
+      while (it != seg.blocks.end() && it->second.end <= lo) ++it;
       SnapshotRun r;
-      r.start = start;
-      r.end = b.end;
-      r.owner = b.owner;
-      switch (b.state) {
-        case BlockState::kFree:
-          r.state = ChunkState::kFree;
-          r.pending = !m.Safe(b.tag);
-          out.free_chunks += b.end - start;
-          out.largest_free = std::max<std::size_t>(out.largest_free,
-                                                   b.end - start);
-          break;
-        case BlockState::kLive:
-          r.state = ChunkState::kLive;
-          r.address = seg.va + std::size_t{start} * m.gran;
-          break;
-        case BlockState::kLent:
-          r.state = ChunkState::kLent;
-          break;
-        case BlockState::kSlab:
-          r.state = ChunkState::kSlab;
-          break;
+      r.start = c;
+      r.end = c + 1;
+      int rank = 0;  // 0 free, 1 slab, 2 live, 3 lent
+      for (auto b = it; b != seg.blocks.end() && b->first < hi; ++b) {
+        const Block& blk = b->second;
+        int k = 0;
+        if (blk.state == BlockState::kLent) k = 3;
+        else if (blk.state == BlockState::kLive) k = 2;
+        else if (blk.state == BlockState::kSlab) k = 1;
+        if (k == 0 && !m.Safe(blk.tag)) r.pending = true;
+        if (k <= rank) continue;
+        rank = k;
+        r.owner = blk.owner;
+        r.address = k == 2 ? seg.va + std::size_t{b->first} * m.unit : 0;
       }
-      s.runs.push_back(r);
+      r.state = rank == 3   ? ChunkState::kLent
+                : rank == 2 ? ChunkState::kLive
+                : rank == 1 ? ChunkState::kSlab
+                            : ChunkState::kFree;
+      if (rank != 0) r.pending = false;
+      if (rank == 3) ++lent_chunks[r.owner];
+      SnapshotRun* last = s.runs.empty() ? nullptr : &s.runs.back();
+      if (last && last->state == r.state && last->owner == r.owner &&
+          last->address == r.address && last->pending == r.pending) {
+        last->end = r.end;
+      } else {
+        s.runs.push_back(r);
+      }
+    }
+    for (const SnapshotRun& r : s.runs) {
+      if (r.state != ChunkState::kFree) continue;
+      out.free_chunks += r.end - r.start;
+      out.largest_free =
+          std::max<std::size_t>(out.largest_free, r.end - r.start);
     }
     out.segments.push_back(std::move(s));
   }
@@ -1710,16 +1901,18 @@ LakeSnapshot Lake::snapshot() const {
     SnapshotStitched s;
     s.id = id;
     s.va = r.va;
-    s.nchunks = r.nchunks;
-    s.used = r.used;
+    s.nchunks = r.nunits / m.cu;
+    auto lc = lent_chunks.find(id);
+    s.used = r.mapping || lc == lent_chunks.end() ? 0 : lc->second;
     s.cached = r.cached;
     s.busy = r.mapping || r.dropping;
     for (const Piece& p : r.pieces)
-      s.pieces.push_back(SnapshotPiece{p.seg, p.start, p.n});
+      s.pieces.push_back(SnapshotPiece{p.seg, p.start / m.cu, p.n / m.cu});
     out.stitched.push_back(std::move(s));
   }
   for (const auto& [id, sl] : m.slabs)
-    out.slabs.push_back(SnapshotSlab{id, sl.seg, sl.start, sl.nchunks,
+    out.slabs.push_back(SnapshotSlab{id, sl.seg, sl.start / m.cu,
+                                     sl.nunits / m.cu,
                                      sl.base, sl.bytes, sl.used, sl.stream});
   auto by_id = [](const auto& a, const auto& b) { return a.id < b.id; };
   std::sort(out.segments.begin(), out.segments.end(), by_id);

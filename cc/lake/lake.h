@@ -7,19 +7,26 @@
 //   chunk     one granule of physical memory (driver granularity, 2 MiB)
 //   segment   one physical handle of N chunks, mapped once at its own
 //             (primary) virtual range; its chunks form primary blocks
-//   block     a run of chunks of one segment: free, live, or lent to a
+//   block     a run of units of one segment: free, live, or lent to a
 //             stitched range
-//   stitched  a separate virtual range onto which runs of chunks from several
-//             segments are mapped in order; it adds no physical memory
-//   small     requests <= small_limit are carved out of per-stream slabs, so
-//             a 4 KiB buffer does not pin a 2 MiB chunk
+//   stitched  a separate virtual range onto which runs of whole chunks from
+//             several segments are mapped in order; it adds no physical
+//             memory
+//   unit      the alignment (256 B): blocks are split at units inside
+//             segments, so a request holds at most one unit more than it
+//             asked for; maps and stitches still work in whole chunks
+//   small     requests <= small_limit (0 by default: none) are carved out of
+//             per-stream slabs instead of the shared blocks
 //
-// Allocation order for a large request of n chunks on stream s:
-//   fit/split     a free block usable by s with >= n chunks (best fit)
-//   stitch reuse  a cached stitched range whose first n chunks are all free
-//   stitch        free blocks, largest first, mapped into a new range
+// Allocation order for a request of n units on stream s:
+//   fit/split     a free block usable by s with >= n units (best fit)
+//   stitch reuse  a cached stitched range whose n units are all free
+//   stitch        the whole free chunks of free blocks, largest first,
+//                 mapped into a new range; a free block that ends at a
+//                 chunk boundary may lead it when that saves a chunk
 //   stitch grow   as above, creating only the shortfall as a new segment
-//   grow          a new segment of n chunks
+//   grow          a new segment of the whole chunks n units need (the rest
+//                 of its last chunk stays free)
 //   reclaim       wait for pending events, retry failed releases, drop
 //                 cached stitched ranges, release free segments, retry
 //                 (also after changes other threads made meanwhile); then
@@ -45,8 +52,10 @@ namespace jaxlake {
 struct LakeOptions {
   // Physical bytes the lake may hold; 0 means the driver's total memory.
   std::size_t capacity = 0;
-  // Requests of at most this many bytes use the small-request pool.
-  std::size_t small_limit = std::size_t{1} << 20;
+  // Requests of at most this many bytes use a small-request pool of
+  // per-stream slabs; 0 (the default): no request does, all share the
+  // alignment-granular blocks (docs/design.md, "One pool").
+  std::size_t small_limit = 0;
   // Bytes of one small-pool slab; 0 means one granule.
   std::size_t small_slab = 0;
   // Alignment of every returned address (a power of two, >= 256).
@@ -99,7 +108,11 @@ struct TraceEvent {
 
 // A copy of the lake's layout at one moment (Lake::snapshot()), in plain
 // structs, for viewers and tests; never used on the allocation path.
-// Each segment is tiled by runs of chunks in one state.
+// Each segment is tiled by runs of chunks in one state. Blocks are split
+// at the alignment, so one chunk may hold units in several states: it shows
+// lent if any unit is lent (owner: the first such range), else live (the
+// first live block's address), else slab, and free only when all its units
+// are free (the chunks a stitch can take).
 enum class ChunkState : std::uint8_t {
   kFree,  // in the free pool (stitchable)
   kLive,  // a primary allocation (address = its address)
@@ -135,7 +148,8 @@ struct SnapshotStitched {
   std::uint64_t id = 0;
   std::uintptr_t va = 0;     // 0 while being mapped
   std::uint64_t nchunks = 0;
-  std::uint64_t used = 0;    // leading chunks lent to a live allocation
+  std::uint64_t used = 0;    // chunks shown lent to it (see above); 0
+                             // while it is being mapped
   bool cached = false;       // freed and kept mapped for reuse
   bool busy = false;         // being mapped or unmapped right now
   std::vector<SnapshotPiece> pieces;  // in address order

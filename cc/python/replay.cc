@@ -172,6 +172,54 @@ nb::dict Times(const OpTimes& t) {
   return d;
 }
 
+nb::dict ByKind(const vmm::CallCounts& c) {
+  nb::dict d;
+  for (int i = 0; i < vmm::kNumCalls; ++i)
+    d[vmm::CallName(static_cast<vmm::Call>(i))] = c[i];
+  return d;
+}
+
+nb::dict ByKind(const vmm::CallTimes& t) {
+  nb::dict d;
+  for (int i = 0; i < vmm::kNumCalls; ++i)
+    d[vmm::CallName(static_cast<vmm::Call>(i))] = t[i];
+  return d;
+}
+
+vmm::Call KindOf(const std::string& name) {
+  vmm::Call c;
+  if (!vmm::CallFromName(name, &c)) {
+    std::string known;
+    for (int i = 0; i < vmm::kNumCalls; ++i)
+      known += std::string(known.empty() ? "" : ", ") +
+               vmm::CallName(static_cast<vmm::Call>(i));
+    throw nb::value_error(("unknown driver call kind '" + name +
+                           "': expected one of " + known)
+                              .c_str());
+  }
+  return c;
+}
+
+void SetLatency(vmm::LatencyModel& m, const std::string& kind,
+                const std::vector<std::uint64_t>& sizes,
+                const std::vector<double>& us) {
+  if (sizes.size() != us.size())
+    throw nb::value_error("sizes and us must be lists of the same length");
+  std::vector<vmm::LatencyPoint> p;
+  for (std::size_t i = 0; i < sizes.size(); ++i)
+    p.push_back(vmm::LatencyPoint{static_cast<std::size_t>(sizes[i]), us[i]});
+  const std::string problem = m.set(KindOf(kind), std::move(p));
+  if (!problem.empty()) throw nb::value_error(problem.c_str());
+}
+
+std::vector<std::pair<std::uint64_t, double>> LatencyPoints(
+    const vmm::LatencyModel& m, const std::string& kind) {
+  std::vector<std::pair<std::uint64_t, double>> out;
+  for (const vmm::LatencyPoint& p : m.points(KindOf(kind)))
+    out.emplace_back(p.bytes, p.us);
+  return out;
+}
+
 nb::dict RunReplay(const PyTrace& trace, const std::string& policy,
                    const PolicyOptions& options, std::uint32_t device,
                    std::size_t timeline_points, bool timing,
@@ -207,10 +255,11 @@ nb::dict RunReplay(const PyTrace& trace, const std::string& policy,
   d["final_reserved"] = r.final_reserved;
   d["utilisation"] = r.utilisation;
   d["waste"] = r.waste;
-  nb::dict calls;
-  for (int i = 0; i < vmm::kNumCalls; ++i)
-    calls[vmm::CallName(static_cast<vmm::Call>(i))] = r.calls[i];
-  d["calls"] = calls;
+  d["calls"] = ByKind(r.calls);
+  d["calls_second_half"] = ByKind(r.calls_second_half);
+  d["half_event"] = r.half_event;
+  d["driver_us"] = ByKind(r.driver_us);
+  d["driver_us_second_half"] = ByKind(r.driver_us_second_half);
   nb::dict counters;
   for (const auto& [name, value] : r.counters) counters[name.c_str()] = value;
   d["counters"] = counters;
@@ -342,11 +391,32 @@ void BindReplay(nb::module_& m) {
   m.def("parse_trace", &Parse, "data"_a, "csv"_a, "lenient"_a,
         "Parses a whole trace file (JSON lines, or RMM CSV when csv).");
 
+  nb::class_<vmm::LatencyModel>(
+      m, "LatencyModel",
+      "The driver latency model (cc/vmm/latency.h): microseconds per call "
+      "by kind, as points (bytes, us).")
+      .def(nb::init<>(), "The published defaults.")
+      .def_static("zero", &vmm::LatencyModel::Zero, "Every call free.")
+      .def("set", &SetLatency, "kind"_a, "sizes"_a, "us"_a,
+           "Replaces one kind's points (sizes[i] bytes take us[i] "
+           "microseconds); ValueError naming the kind or point when they "
+           "are invalid.")
+      .def("points", &LatencyPoints, "kind"_a)
+      .def(
+          "us",
+          [](const vmm::LatencyModel& m, const std::string& kind,
+             std::uint64_t bytes) {
+            return m.us(KindOf(kind), static_cast<std::size_t>(bytes));
+          },
+          "kind"_a, "bytes"_a, "Microseconds of one call of that size.")
+      .def_rw("source", &vmm::LatencyModel::source);
+
   nb::class_<PolicyOptions>(m, "PolicyOptions",
                             "The C++ replay::PolicyOptions struct.")
       .def(nb::init<>())
       .def_rw("capacity", &PolicyOptions::capacity)
       .def_rw("granularity", &PolicyOptions::granularity)
+      .def_rw("latency", &PolicyOptions::latency)
       .def_rw("lake", &PolicyOptions::lake)
       .def_rw("bfc_initial_region", &PolicyOptions::bfc_initial_region)
       .def_rw("bfc_max_internal_fragmentation",
@@ -355,6 +425,15 @@ void BindReplay(nb::module_& m) {
       .def_rw("gmlake_frag_limit", &PolicyOptions::gmlake_frag_limit)
       .def_rw("gmlake_reuse_limit", &PolicyOptions::gmlake_reuse_limit);
 
+  m.def(
+      "call_kinds",
+      [] {
+        std::vector<std::string> out;
+        for (int i = 0; i < vmm::kNumCalls; ++i)
+          out.emplace_back(vmm::CallName(static_cast<vmm::Call>(i)));
+        return out;
+      },
+      "The driver call kinds (cc/vmm/driver.h), in its order.");
   m.def("policy_names", &PolicyNames, "The replay policies, in table order.");
   m.def("replay", &RunReplay, "trace"_a, "policy"_a, "options"_a,
         "device"_a = 0, "timeline_points"_a = 1000, "timing"_a = true,

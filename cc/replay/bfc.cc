@@ -53,7 +53,7 @@ int BinFor(std::size_t size) {
 class BfcPolicy final : public Policy {
  public:
   explicit BfcPolicy(const PolicyOptions& o)
-      : device_(o.capacity, o.granularity),
+      : device_(o.capacity, o.granularity, o.latency),
         limit_(o.capacity / kBfcMinAlloc * kBfcMinAlloc),
         max_frag_(o.bfc_max_internal_fragmentation),
         region_size_(BfcRounded(std::min(o.capacity, o.bfc_initial_region))) {}
@@ -98,6 +98,7 @@ class BfcPolicy final : public Policy {
 
   std::size_t reserved() const override { return device_.reserved(); }
   vmm::CallCounts calls() const override { return device_.calls(); }
+  vmm::CallTimes driver_us() const override { return device_.driver_us(); }
   Counters counters() const override {
     return {{"stitches", 0},
             {"stitched_bytes", 0},

@@ -83,12 +83,26 @@ ReplayResult Replay(const Trace& trace, Policy& policy,
     r.timeline_reserved.push_back(bucket_reserved);
   };
 
+  // The steady state: what the policy does from the device's middle event
+  // on (a trace that runs out of memory before it has no second half).
+  const std::uint64_t half = device_events / 2;
+  std::uint64_t seen = 0;
+  bool reached_half = false;
+  vmm::CallCounts half_calls{};
+  vmm::CallTimes half_us{};
+
   std::uint64_t live = 0;
   std::uint64_t since_check = 0;
   const auto start = Clock::now();
   for (std::size_t i = 0; i < events.size(); ++i) {
     const TraceEvent& e = events[i];
     if (e.dev != options.device) continue;
+    if (seen++ == half) {
+      reached_half = true;
+      r.half_event = i;
+      half_calls = policy.calls();
+      half_us = policy.driver_us();
+    }
     if (e.alloc) {
       std::uintptr_t a = 0;
       bool ok;
@@ -181,6 +195,13 @@ ReplayResult Replay(const Trace& trace, Policy& policy,
   r.waste = static_cast<std::int64_t>(r.peak_reserved) -
             static_cast<std::int64_t>(r.peak_live);
   r.calls = policy.calls();
+  r.driver_us = policy.driver_us();
+  if (reached_half) {
+    for (int k = 0; k < vmm::kNumCalls; ++k) {
+      r.calls_second_half[k] = r.calls[k] - half_calls[k];
+      r.driver_us_second_half[k] = r.driver_us[k] - half_us[k];
+    }
+  }
   r.counters = policy.counters();
   if (options.timing) {
     std::vector<std::uint32_t> all;

@@ -4,7 +4,9 @@
 // measures what docs/benchmarks.md reports:
 //   U  = peak live requested bytes / peak physical bytes reserved
 //   W  = peak reserved - peak live (bytes)
-// with the peak reserved, the driver calls by kind, the policy's counters,
+// with the peak reserved, the driver calls by kind (over the whole trace and
+// over its second half, the steady state after warm-up), their modelled
+// driver time (the policy options' latency model), the policy's counters,
 // and the CPU time of every allocate and free (steady clock around each
 // call, less the clock's own cost): percentiles per kind and the median of
 // all. With a capacity (set in the policy's options) an allocation the
@@ -58,6 +60,12 @@ struct ReplayResult {
   double utilisation = 0;  // peak_live / peak_reserved (0 when nothing)
   std::int64_t waste = 0;  // peak_reserved - peak_live
   vmm::CallCounts calls{};
+  // Calls made from the device's middle event on (its second half).
+  vmm::CallCounts calls_second_half{};
+  std::uint64_t half_event = 0;  // index in the trace of that middle event
+  // Modelled driver time of the calls, by kind (us): all, second half.
+  vmm::CallTimes driver_us{};
+  vmm::CallTimes driver_us_second_half{};
   Counters counters;
 
   bool oom = false;

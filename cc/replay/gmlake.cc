@@ -43,7 +43,7 @@ namespace {
 class GmlakePolicy final : public Policy {
  public:
   explicit GmlakePolicy(const PolicyOptions& o)
-      : device_(o.capacity, o.granularity),
+      : device_(o.capacity, o.granularity, o.latency),
         small_(&device_, false, 0),
         gran_(o.granularity),
         frag_limit_(o.gmlake_frag_limit),
@@ -98,6 +98,7 @@ class GmlakePolicy final : public Policy {
 
   std::size_t reserved() const override { return device_.reserved(); }
   vmm::CallCounts calls() const override { return device_.calls(); }
+  vmm::CallTimes driver_us() const override { return device_.driver_us(); }
   Counters counters() const override {
     return {{"stitches", stitches_},
             {"stitched_bytes", stitched_bytes_},
@@ -280,9 +281,9 @@ class GmlakePolicy final : public Policy {
     s.used = n;
     s.live = true;
     s.alive = true;
-    device_.count(vmm::Call::reserve);
-    device_.count(vmm::Call::map, n);         // one cuMemMap per chunk
-    device_.count(vmm::Call::set_access, n);  // and one cuMemSetAccess
+    device_.count(vmm::Call::reserve, 1, std::size_t{n} * gran_);
+    device_.count(vmm::Call::map, n, gran_);  // one cuMemMap per chunk
+    device_.count(vmm::Call::set_access, n, gran_);  // and cuMemSetAccess
     for (const Piece& p : pieces) {
       Segment& seg = segs_[p.seg];
       if (seg.refs.empty()) seg.refs.resize(seg.nchunks);
@@ -306,14 +307,14 @@ class GmlakePolicy final : public Policy {
     if (!device_.take(bytes)) {
       // cuMemCreate chunk by chunk until one fails, then release them.
       const std::size_t made = device_.available() / gran_;
-      device_.count(vmm::Call::create, made + 1);
-      device_.count(vmm::Call::release, made);
+      device_.count(vmm::Call::create, made + 1, gran_);
+      device_.count(vmm::Call::release, made, gran_);
       return false;
     }
-    device_.count(vmm::Call::create, chunks);
-    device_.count(vmm::Call::reserve);
-    device_.count(vmm::Call::map, chunks);
-    device_.count(vmm::Call::set_access, chunks);
+    device_.count(vmm::Call::create, chunks, gran_);
+    device_.count(vmm::Call::reserve, 1, bytes);
+    device_.count(vmm::Call::map, chunks, gran_);
+    device_.count(vmm::Call::set_access, chunks, gran_);
     ++segments_created_;
     Segment seg;
     seg.stream = stream;
@@ -347,8 +348,9 @@ class GmlakePolicy final : public Policy {
       s.alive = false;
       s.pieces.clear();
       s.pieces.shrink_to_fit();
-      device_.count(vmm::Call::unmap);
-      device_.count(vmm::Call::address_free);
+      device_.count(vmm::Call::unmap, 1, std::size_t{s.nchunks} * gran_);
+      device_.count(vmm::Call::address_free, 1,
+                    std::size_t{s.nchunks} * gran_);
       ++evictions_;
     }
     cache_.clear();
@@ -363,9 +365,10 @@ class GmlakePolicy final : public Policy {
       erase_run(i, 0, s.nchunks);
       s.alive = false;
       s.refs.clear();
-      device_.count(vmm::Call::unmap);
-      device_.count(vmm::Call::address_free);
-      device_.count(vmm::Call::release, s.nchunks);
+      device_.count(vmm::Call::unmap, 1, std::size_t{s.nchunks} * gran_);
+      device_.count(vmm::Call::address_free, 1,
+                    std::size_t{s.nchunks} * gran_);
+      device_.count(vmm::Call::release, s.nchunks, gran_);
       device_.give(std::size_t{s.nchunks} * gran_);
     }
     small_.release_cached();

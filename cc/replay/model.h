@@ -1,6 +1,7 @@
 // jaxlake: what the baseline models share: a simulated device that hands
 // out physical bytes up to a capacity, virtual addresses, and counts the
-// driver calls the modelled allocator would make.
+// driver calls the modelled allocator would make, and the time the latency
+// model (cc/vmm/latency.h) charges for them.
 #ifndef JAXLAKE_REPLAY_MODEL_H_
 #define JAXLAKE_REPLAY_MODEL_H_
 
@@ -8,13 +9,15 @@
 #include <cstdint>
 
 #include "cc/replay/policy.h"
+#include "cc/vmm/latency.h"
 
 namespace jaxlake::replay {
 
 class SimDevice {
  public:
-  SimDevice(std::size_t capacity, std::size_t granularity)
-      : capacity_(capacity), granularity_(granularity) {}
+  SimDevice(std::size_t capacity, std::size_t granularity,
+            const vmm::LatencyModel& latency)
+      : capacity_(capacity), granularity_(granularity), calls_(latency) {}
 
   std::size_t capacity() const { return capacity_; }
   std::size_t granularity() const { return granularity_; }
@@ -38,22 +41,28 @@ class SimDevice {
     return va;
   }
 
-  void count(vmm::Call c, std::uint64_t n = 1) { calls_.add(c, n); }
+  // n calls of kind c, each on `bytes` bytes.
+  void count(vmm::Call c, std::uint64_t n, std::size_t bytes) {
+    calls_.add(c, n, bytes);
+  }
   const vmm::CallCounts& calls() const { return calls_.counts(); }
+  const vmm::CallTimes& driver_us() const { return calls_.times(); }
 
   // A cudaMalloc of `bytes`: counts create + map (the create alone when it
   // fails); false when the capacity does not allow it.
   bool cuda_malloc(std::size_t bytes) {
-    count(vmm::Call::create);
-    if (!take(RoundUp(bytes, granularity_))) return false;
-    count(vmm::Call::map);
+    const std::size_t rounded = RoundUp(bytes, granularity_);
+    count(vmm::Call::create, 1, rounded);
+    if (!take(rounded)) return false;
+    count(vmm::Call::map, 1, rounded);
     return true;
   }
   // A cudaFree of a cudaMalloc of `bytes`: counts unmap + release.
   void cuda_free(std::size_t bytes) {
-    count(vmm::Call::unmap);
-    count(vmm::Call::release);
-    give(RoundUp(bytes, granularity_));
+    const std::size_t rounded = RoundUp(bytes, granularity_);
+    count(vmm::Call::unmap, 1, rounded);
+    count(vmm::Call::release, 1, rounded);
+    give(rounded);
   }
 
  private:

@@ -30,6 +30,7 @@
 
 #include "cc/lake/lake.h"
 #include "cc/vmm/driver.h"
+#include "cc/vmm/latency.h"
 
 namespace jaxlake::vmm {
 struct SimOptions;
@@ -46,6 +47,8 @@ struct PolicyOptions {
   std::size_t capacity = std::size_t{80} << 30;
   // Driver granularity (cuMemGetAllocationGranularity).
   std::size_t granularity = 2 * kMiB;
+  // The time charged per driver call, for every policy alike.
+  vmm::LatencyModel latency;
 
   // jaxlake: the lake's options (capacity is set from the field above).
   LakeOptions lake;
@@ -85,6 +88,9 @@ class Policy {
   virtual std::size_t reserved() const = 0;
   // Driver calls made (or, for the baselines, that would be made), by kind.
   virtual vmm::CallCounts calls() const = 0;
+  // The modelled driver time of those calls, by kind, in microseconds
+  // (PolicyOptions::latency, the same model for every policy).
+  virtual vmm::CallTimes driver_us() const = 0;
   // Policy-specific counters: every policy reports "stitches",
   // "stitched_bytes", "stitch_reuses" and "reclaims" (0 where they do not
   // apply), and may add its own.
@@ -122,16 +128,22 @@ inline std::size_t RoundUp(std::size_t x, std::size_t to) {
   return (x + to - 1) / to * to;
 }
 
-// Counts calls by kind for a model that makes none.
+// Counts calls by kind, and charges their modelled time, for a model that
+// makes none.
 class CallCounter {
  public:
-  void add(vmm::Call c, std::uint64_t n = 1) {
+  explicit CallCounter(const vmm::LatencyModel& latency) : clock_(latency) {}
+  // n calls of kind c, each on `bytes` bytes.
+  void add(vmm::Call c, std::uint64_t n, std::size_t bytes) {
     counts_[static_cast<int>(c)] += n;
+    clock_.charge(c, bytes, n);
   }
   const vmm::CallCounts& counts() const { return counts_; }
+  const vmm::CallTimes& times() const { return clock_.times(); }
 
  private:
   vmm::CallCounts counts_{};
+  vmm::DriverClock clock_;
 };
 
 }  // namespace jaxlake::replay

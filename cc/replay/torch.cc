@@ -232,7 +232,7 @@ std::int32_t TorchAllocator::find_expandable(Pool& pool, bool small,
   if (seg.size == 0) seg.size = page;
   seg.base = device_->reserve_va(seg.size);
   seg.mapped.assign(seg.size / page, false);
-  device_->count(vmm::Call::reserve);
+  device_->count(vmm::Call::reserve, 1, seg.size);
   ++segments_created_;
   segments_.push_back(seg);
   const std::int32_t id = new_block();
@@ -273,13 +273,13 @@ bool TorchAllocator::map_block(std::int32_t id, std::size_t size) {
   if (!device_->take(pages * seg.page)) {
     // cuMemCreate page by page until one fails, then release those made.
     const std::size_t made = device_->available() / seg.page;
-    device_->count(vmm::Call::create, made + 1);
-    device_->count(vmm::Call::release, made);
+    device_->count(vmm::Call::create, made + 1, seg.page);
+    device_->count(vmm::Call::release, made, seg.page);
     return false;
   }
-  device_->count(vmm::Call::create, pages);
-  device_->count(vmm::Call::map, pages);
-  device_->count(vmm::Call::set_access);
+  device_->count(vmm::Call::create, pages, seg.page);
+  device_->count(vmm::Call::map, pages, seg.page);
+  device_->count(vmm::Call::set_access, 1, pages * seg.page);
   for (std::size_t p = first; p < last; ++p) seg.mapped[p] = true;
   erase_free(id);
   const std::size_t mapped = pages * seg.page;
@@ -318,8 +318,8 @@ void TorchAllocator::unmap_block(std::int32_t id) {
   const std::size_t last = (ptr + size - seg.base) / seg.page;
   if (first >= last) return;
   const std::size_t pages = last - first;
-  device_->count(vmm::Call::unmap, pages);
-  device_->count(vmm::Call::release, pages);
+  device_->count(vmm::Call::unmap, pages, seg.page);
+  device_->count(vmm::Call::release, pages, seg.page);
   device_->give(pages * seg.page);
   for (std::size_t p = first; p < last; ++p) seg.mapped[p] = false;
   erase_free(id);
@@ -356,7 +356,7 @@ void TorchAllocator::unmap_block(std::int32_t id) {
   try_merge(id, blocks_[id].next);
   if (blocks_[id].prev < 0 && blocks_[id].next < 0) {
     // Nothing left mapped in the segment: cuMemAddressFree it.
-    device_->count(vmm::Call::address_free);
+    device_->count(vmm::Call::address_free, 1, seg.size);
     seg.alive = false;
     drop_block(id);
     return;
@@ -415,7 +415,7 @@ namespace {
 class TorchPolicy final : public Policy {
  public:
   TorchPolicy(const PolicyOptions& o, bool expandable)
-      : device_(o.capacity, o.granularity),
+      : device_(o.capacity, o.granularity, o.latency),
         torch_(&device_, expandable, o.torch_max_split_size),
         expandable_(expandable) {}
 
@@ -431,6 +431,7 @@ class TorchPolicy final : public Policy {
   }
   std::size_t reserved() const override { return device_.reserved(); }
   vmm::CallCounts calls() const override { return device_.calls(); }
+  vmm::CallTimes driver_us() const override { return device_.driver_us(); }
   Counters counters() const override {
     return {{"stitches", 0},
             {"stitched_bytes", 0},

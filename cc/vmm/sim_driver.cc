@@ -106,7 +106,7 @@ struct SimDriver::State {
     std::uint64_t releases = 0;  // holds ended so far
   };
 
-  explicit State(const SimOptions& o) : options(o) {}
+  explicit State(const SimOptions& o) : options(o), clock(o.latency) {}
 
   bool Aligned(std::uintptr_t x) const {
     return (x & (options.granularity - 1)) == 0;
@@ -173,6 +173,7 @@ struct SimDriver::State {
   std::size_t mapped_bytes = 0;
   std::size_t reserved_bytes = 0;
   std::size_t live_handles = 0;
+  DriverClock clock;  // modelled time of the calls (guarded by mu)
 };
 
 SimDriver::SimDriver(const SimOptions& options)
@@ -194,6 +195,7 @@ Status SimDriver::do_reserve(std::size_t size, std::uintptr_t* va) {
   State& s = *state_;
   if (va == nullptr || !s.GoodSize(size)) return Status::kInvalidValue;
   std::lock_guard<std::mutex> lock(s.mu);
+  s.clock.charge(Call::reserve, size);
   std::uintptr_t start = 0;
   const Status st = os_reserve(size, &start);
   if (st != Status::kOk) return st;
@@ -206,6 +208,7 @@ Status SimDriver::do_reserve(std::size_t size, std::uintptr_t* va) {
 Status SimDriver::do_address_free(std::uintptr_t va, std::size_t size) {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mu);
+  s.clock.charge(Call::address_free, size);
   auto it = s.reservations.find(va);
   if (it == s.reservations.end() || it->second != size)
     return Status::kInvalidValue;
@@ -223,6 +226,7 @@ Status SimDriver::do_create(std::size_t size, Handle* handle) {
   State& s = *state_;
   if (handle == nullptr || !s.GoodSize(size)) return Status::kInvalidValue;
   std::lock_guard<std::mutex> lock(s.mu);
+  s.clock.charge(Call::create, size);
   if (size > s.options.device_bytes - std::min(s.physical_bytes,
                                                s.options.device_bytes))
     return Status::kOutOfMemory;
@@ -240,6 +244,8 @@ Status SimDriver::do_release(Handle handle) {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mu);
   auto it = s.handles.find(handle);
+  s.clock.charge(Call::release,
+                 it == s.handles.end() ? 0 : it->second.size);
   if (it == s.handles.end() || it->second.released)
     return Status::kInvalidValue;
   os_release_handle(handle);
@@ -262,6 +268,7 @@ Status SimDriver::do_map(std::uintptr_t va, std::size_t size,
       !State::NoWrap(va, size))
     return Status::kInvalidValue;
   std::lock_guard<std::mutex> lock(s.mu);
+  s.clock.charge(Call::map, size);
   auto h = s.handles.find(handle);
   if (h == s.handles.end() || h->second.released ||
       offset > h->second.size || size > h->second.size - offset)
@@ -283,6 +290,7 @@ Status SimDriver::do_unmap(std::uintptr_t va, std::size_t size) {
   if (!s.Aligned(va) || !s.GoodSize(size) || !State::NoWrap(va, size))
     return Status::kInvalidValue;
   std::lock_guard<std::mutex> lock(s.mu);
+  s.clock.charge(Call::unmap, size);
   const std::uintptr_t end = va + size;
   // The range must be a run of whole mappings, the first starting at va and
   // the last ending at end, with no gap between them.
@@ -318,6 +326,7 @@ Status SimDriver::do_set_access(std::uintptr_t va, std::size_t size) {
   if (!s.Aligned(va) || !s.GoodSize(size) || !State::NoWrap(va, size))
     return Status::kInvalidValue;
   std::lock_guard<std::mutex> lock(s.mu);
+  s.clock.charge(Call::set_access, size);
   const std::uintptr_t end = va + size;
   if (!s.FullyMapped(va, end)) return Status::kNotMapped;
   const Status st = os_set_access(va, size);
@@ -332,6 +341,7 @@ Status SimDriver::do_event_create(Event* event) {
   State& s = *state_;
   if (event == nullptr) return Status::kInvalidValue;
   std::lock_guard<std::mutex> lock(s.mu);
+  s.clock.charge(Call::event_create, 0);
   const Event e = s.next_event++;
   s.events.emplace(e, State::EventInfo{});
   *event = e;
@@ -341,12 +351,14 @@ Status SimDriver::do_event_create(Event* event) {
 Status SimDriver::do_event_destroy(Event event) {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mu);
+  s.clock.charge(Call::event_destroy, 0);
   return s.events.erase(event) == 1 ? Status::kOk : Status::kInvalidValue;
 }
 
 Status SimDriver::do_event_record(Event event, Stream stream) {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mu);
+  s.clock.charge(Call::event_record, 0);
   auto e = s.events.find(event);
   if (e == s.events.end()) return Status::kInvalidValue;
   State::StreamInfo& st = s.streams[stream];
@@ -360,6 +372,7 @@ Status SimDriver::do_event_record(Event event, Stream stream) {
 Status SimDriver::do_event_query(Event event) {
   State& s = *state_;
   std::lock_guard<std::mutex> lock(s.mu);
+  s.clock.charge(Call::event_query, 0);
   auto e = s.events.find(event);
   if (e == s.events.end()) return Status::kInvalidValue;
   return s.EventComplete(e->second) ? Status::kOk : Status::kNotReady;
@@ -368,6 +381,7 @@ Status SimDriver::do_event_query(Event event) {
 Status SimDriver::do_event_synchronize(Event event) {
   State& s = *state_;
   std::unique_lock<std::mutex> lock(s.mu);
+  s.clock.charge(Call::event_synchronize, 0);
   auto e = s.events.find(event);
   if (e == s.events.end()) return Status::kInvalidValue;
   // Wait for what the event stands for now: destroying or re-recording the
@@ -420,6 +434,11 @@ void SimDriver::release_stream(Stream stream) {
 }
 
 // ---- introspection ---------------------------------------------------------
+
+CallTimes SimDriver::driver_us() const {
+  std::lock_guard<std::mutex> lock(state_->mu);
+  return state_->clock.times();
+}
 
 std::size_t SimDriver::physical_bytes() const {
   std::lock_guard<std::mutex> lock(state_->mu);

@@ -18,12 +18,16 @@
 #include <unordered_map>
 
 #include "cc/vmm/driver.h"
+#include "cc/vmm/latency.h"
 
 namespace jaxlake::vmm {
 
 struct SimOptions {
   std::size_t granularity = std::size_t{2} << 20;   // power of two
   std::size_t device_bytes = std::size_t{80} << 30;  // physical capacity
+  // The time each call would take on a real driver (latency.h); charged,
+  // never waited for.
+  LatencyModel latency;
 };
 
 class SimDriver : public Driver {
@@ -59,6 +63,8 @@ class SimDriver : public Driver {
   std::size_t live_events() const;      // events created and not destroyed
   // True when every byte of [va, va+size) is mapped with access set.
   bool accessible(std::uintptr_t va, std::size_t size) const;
+  // The modelled driver time of the calls made so far, by kind (us).
+  CallTimes driver_us() const;
 
  protected:
   Status do_reserve(std::size_t size, std::uintptr_t* va) override;

@@ -107,9 +107,10 @@ OPTIONS: Tuple[Option, ...] = (
            "Device size of the host/sim driver; None: the backend's "
            "(host 4 GiB, only what is touched is committed; sim 80 GiB).",
            lake=False),
-    Option("small_limit", "size", MIB,
-           "Requests of at most this many bytes use the small-request pool "
-           "(at most one small slab)."),
+    Option("small_limit", "size", 0,
+           "Requests of at most this many bytes use a small-request pool of "
+           "per-stream slabs (at most one small slab); 0: none does, every "
+           "request is carved at the alignment from the shared blocks."),
     Option("small_slab", "size", 0,
            "Bytes of one small-pool slab, a multiple of the granularity; "
            "0: one granule."),

@@ -2,6 +2,7 @@
 #include <atomic>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -35,6 +36,13 @@ jaxlake::vmm::SimOptions Small(std::size_t device = 256 * kMiB) {
 LakeOptions Capped(std::size_t capacity) {
   LakeOptions o;
   o.capacity = capacity;
+  return o;
+}
+
+// The small-request pool of per-stream slabs (off by default).
+LakeOptions Slabs() {
+  LakeOptions o;
+  o.small_limit = kMiB;
   return o;
 }
 
@@ -158,7 +166,7 @@ TEST(stitch_grow_creates_only_the_shortfall) {
 
 TEST(small_requests_share_slabs) {
   jaxlake::vmm::SimDriver drv(Small());
-  Lake lake(drv, LakeOptions{});
+  Lake lake(drv, Slabs());
   std::vector<std::uintptr_t> ps;
   for (int i = 0; i < 1000; ++i) {
     AllocState how{};
@@ -219,7 +227,7 @@ TEST(pressure_waits_for_pending_events) {
 
 TEST(small_range_freed_on_another_stream_is_deferred) {
   jaxlake::vmm::SimDriver drv(Small());
-  Lake lake(drv, LakeOptions{});
+  Lake lake(drv, Slabs());
   drv.hold_stream(2);
   auto a = Alloc(lake, 4096, nullptr, 1);
   auto keep = Alloc(lake, 4096, nullptr, 1);
@@ -356,6 +364,151 @@ TEST(bad_frees_are_refused) {
   bad = LakeOptions{};
   bad.alignment = 100;
   CHECK(!jaxlake::ValidateOptions(bad, drv).empty());
+}
+
+// Without a small pool, requests of any size share the blocks, split at the
+// alignment: a thousand small requests fill one chunk, side by side.
+TEST(small_requests_pack_into_shared_blocks) {
+  jaxlake::vmm::SimDriver drv(Small());
+  Lake lake(drv, LakeOptions{});
+  std::vector<std::uintptr_t> ps;
+  std::size_t asked = 0;
+  for (int i = 0; i < 1000; ++i) {
+    ps.push_back(Alloc(lake, 1000 + i % 7));
+    asked += 1024;  // each rounded up to 4 units of 256 B
+    CHECK_EQ(ps.back() % 256, 0u);
+  }
+  auto st = lake.stats();
+  CHECK_EQ(st.bytes_in_use_rounded.current, static_cast<std::int64_t>(asked));
+  CHECK_EQ(st.bytes_reserved.current, static_cast<std::int64_t>(kMiB * 2));
+  CHECK_EQ(st.bytes_small_reserved.current, 0);
+  for (auto p : ps) CHECK(lake.free(p, 0) == Status::kOk);
+  CHECK_EQ(lake.stats().bytes_in_use.current, 0);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+// Mid-size requests hold at most the alignment more than they asked for;
+// a run of 2.25 MiB requests holds the whole chunks their sum needs, not
+// two chunks each: each new one is led by the free tail of the last chunk.
+TEST(mid_size_requests_waste_at_most_the_alignment) {
+  jaxlake::vmm::SimDriver drv(Small());
+  Lake lake(drv, LakeOptions{});
+  const std::size_t n = 2 * kMiB + kMiB / 4;
+  std::vector<std::uintptr_t> ps;
+  std::vector<AllocState> how;
+  for (int i = 0; i < 8; ++i) {
+    AllocState h{};
+    ps.push_back(Alloc(lake, n, &h));
+    how.push_back(h);
+  }
+  CHECK(how[0] == AllocState::grow);
+  CHECK(how[1] == AllocState::stitch_grow);  // led by the 1.75 MiB tail
+  auto st = lake.stats();
+  CHECK_EQ(st.bytes_in_use_rounded.current, static_cast<std::int64_t>(8 * n));
+  CHECK_EQ(st.bytes_reserved.current, static_cast<std::int64_t>(18 * kMiB));
+  // Distinct addresses, no overlap, all usable through the sim's access.
+  for (std::size_t i = 0; i < ps.size(); ++i) {
+    CHECK(drv.accessible(ps[i], n));
+    for (std::size_t j = 0; j < i; ++j)
+      CHECK(ps[i] + n <= ps[j] || ps[j] + n <= ps[i]);
+  }
+  for (int i = 0; i < 8; i += 2) CHECK(lake.free(ps[i], 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+  // Freed mid-size blocks are reused at the alignment, with no new memory.
+  const auto creates = drv.calls(Call::create);
+  for (int i = 0; i < 8; i += 2) ps[i] = Alloc(lake, n);
+  CHECK_EQ(drv.calls(Call::create), creates);
+  for (auto p : ps) CHECK(lake.free(p, 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+// Stitching maps only wholly free chunks: a chunk that still holds a live
+// unit is never lent, and the free part of a partly used chunk stays free.
+TEST(stitching_takes_only_wholly_free_chunks) {
+  jaxlake::vmm::HostDriver drv(Small(64 * kMiB));
+  Lake lake(drv, Capped(16 * kMiB));
+  // One 16 MiB segment: [a 3 MiB][b 5 MiB][c 3 MiB][d 5 MiB].
+  auto big = Alloc(lake, 16 * kMiB);
+  CHECK(lake.free(big, 0) == Status::kOk);
+  auto a = Alloc(lake, 3 * kMiB);
+  auto b = Alloc(lake, 5 * kMiB);
+  auto c = Alloc(lake, 3 * kMiB);
+  auto d = Alloc(lake, 5 * kMiB);
+  Fill(a, 3 * kMiB, 1);
+  Fill(c, 3 * kMiB, 3);
+  CHECK(lake.free(b, 0) == Status::kOk);
+  CHECK(lake.free(d, 0) == Status::kOk);
+  // Free: [3, 8) and [11, 16) MiB: whole chunks [4, 8) and [12, 16).
+  AllocState how{};
+  auto e = Alloc(lake, 8 * kMiB, &how);
+  CHECK(how == AllocState::stitch);
+  Fill(e, 8 * kMiB, 5);
+  CHECK(Holds(a, 3 * kMiB, 1));
+  CHECK(Holds(c, 3 * kMiB, 3));
+  CHECK_EQ(lake.check(), std::string());
+  // The halves of chunks [2, 4) and [10, 12) are still free for a fit.
+  auto f = Alloc(lake, kMiB, &how);
+  CHECK(how == AllocState::split || how == AllocState::fit);
+  Fill(f, kMiB, 6);
+  CHECK(Holds(e, 8 * kMiB, 5));
+  for (auto p : {a, c, e, f}) CHECK(lake.free(p, 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+// A sim driver that runs a callback inside its nth map call, while the
+// lake has released its lock: a deterministic interleaving.
+class MapHookDriver : public jaxlake::vmm::SimDriver {
+ public:
+  using SimDriver::SimDriver;
+  int hook_at = 0;  // the map call (1 = the first) that runs on_map
+  std::function<void()> on_map;
+
+ protected:
+  Status do_map(std::uintptr_t va, std::size_t size, std::size_t offset,
+                jaxlake::vmm::Handle handle) override {
+    if (++maps_ == hook_at && on_map) {
+      auto f = std::move(on_map);
+      f();
+    }
+    return SimDriver::do_map(va, size, offset, handle);
+  }
+
+ private:
+  int maps_ = 0;
+};
+
+// While a tail-led stitch maps its pieces (lock released), other threads
+// allocate from the free units of the chunks it maps and free the block
+// beside its lead: nothing overlaps and every invariant holds.
+TEST(tail_led_stitch_shares_its_chunks_while_mapping) {
+  MapHookDriver drv(Small());
+  Lake lake(drv, LakeOptions{});
+  const std::size_t n = 2 * kMiB + kMiB / 4;
+  auto a = Alloc(lake, n);  // map 1: a segment of 2 chunks, 1.75 MiB free
+  std::uintptr_t c = 0;
+  drv.hook_at = 3;  // 2: the shortfall segment; 3: the lead chunk
+  drv.on_map = [&] {
+    CHECK_EQ(lake.check(), std::string());
+    AllocState how{};
+    CHECK(lake.allocate(kMiB, 0, &c, &how) == Status::kOk);
+    CHECK(how == AllocState::split);  // the shortfall segment's free units
+    CHECK(lake.free(a, 0) == Status::kOk);
+    CHECK_EQ(lake.check(), std::string());
+  };
+  AllocState how{};
+  auto b = Alloc(lake, n, &how);
+  CHECK(how == AllocState::stitch_grow);
+  CHECK(c != 0);
+  CHECK(drv.accessible(b, n));
+  CHECK(drv.accessible(c, kMiB));
+  CHECK_EQ(lake.stats().bytes_reserved.current,
+           static_cast<std::int64_t>(6 * kMiB));
+  CHECK_EQ(lake.check(), std::string());
+  // a's units are free again and fit a new request beside b's lead.
+  auto d = Alloc(lake, 2 * kMiB, &how);
+  CHECK(how == AllocState::fit || how == AllocState::split);
+  for (auto p : {b, c, d}) CHECK(lake.free(p, 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
 }
 
 // Random operations over real memory, verifying every live block's bytes.
@@ -577,11 +730,15 @@ TEST(reclaim_retries_after_changes_by_other_threads) {
 // slab only when the caller itself saw an event complete.
 TEST(small_frees_from_other_streams_come_back) {
   SimDriver sim(Small());
-  Lake lake(sim, Capped(8 * kMiB));
+  LakeOptions o = Capped(8 * kMiB);
+  o.small_limit = kMiB;  // the small pool (off by default)
+  Lake lake(sim, o);
   for (int i = 0; i < 400; ++i) {
     std::uintptr_t p = 0;
-    const Status s = lake.allocate(64 * 1024, 1, &p);
+    AllocState how{};
+    const Status s = lake.allocate(64 * 1024, 1, &p, &how);
     REQUIRE(s == Status::kOk);
+    REQUIRE(how == AllocState::small);
     REQUIRE(lake.free(p, 2) == Status::kOk);
     lake.empty_cache();
   }

@@ -628,6 +628,108 @@ TEST(engine_measures_utilisation_waste_and_calls) {
   CHECK_EQ(r.timeline_live[2], 1000u);
 }
 
+TEST(latency_model_interpolates_and_extrapolates) {
+  jaxlake::vmm::LatencyModel m = jaxlake::vmm::LatencyModel::Zero();
+  CHECK_EQ(m.us(Call::map, 2 * kMiB), 0.0);
+  CHECK_EQ(m.set(Call::map, {{2 * kMiB, 10}, {6 * kMiB, 30}}), std::string());
+  CHECK_EQ(m.us(Call::map, kMiB), 10.0);       // below: the first point
+  CHECK_EQ(m.us(Call::map, 4 * kMiB), 20.0);   // between: linear
+  CHECK_EQ(m.us(Call::map, 10 * kMiB), 50.0);  // above: the last two points
+  CHECK_EQ(m.set(Call::unmap, {{2 * kMiB, 7}}), std::string());
+  CHECK_EQ(m.us(Call::unmap, 64 * kMiB), 7.0);  // one point: constant
+  // Bad points are refused with the kind named; the model is unchanged.
+  const std::string e = m.set(Call::map, {{4 * kMiB, 1}, {2 * kMiB, 2}});
+  CHECK(e.find("map") != std::string::npos);
+  CHECK(!m.set(Call::map, {{0, 1}}).empty());
+  CHECK(!m.set(Call::map, {{kMiB, -1}}).empty());
+  CHECK_EQ(m.us(Call::map, 4 * kMiB), 20.0);
+  // The defaults: GMLake's ~80 us per 2 MiB chunk mapped and given access.
+  const jaxlake::vmm::LatencyModel d;
+  CHECK_EQ(d.us(Call::map, 2 * kMiB) + d.us(Call::set_access, 2 * kMiB),
+           80.0);
+}
+
+TEST(every_policy_is_charged_by_the_same_model) {
+  // A model charging 1 us per call of any memory kind, whatever the size:
+  // then each policy's driver time is its number of memory calls.
+  PolicyOptions o;
+  o.latency = jaxlake::vmm::LatencyModel::Zero();
+  for (Call c : {Call::reserve, Call::address_free, Call::create,
+                 Call::release, Call::map, Call::unmap, Call::set_access})
+    CHECK_EQ(o.latency.set(c, {{1, 1.0}}), std::string());
+  for (const std::string& name : jaxlake::replay::PolicyNames()) {
+    auto p = Make(name, o);
+    std::vector<std::uintptr_t> live;
+    for (int i = 0; i < 40; ++i) live.push_back(Alloc(*p, (i % 9 + 1) * kMiB));
+    for (std::size_t i = 0; i < live.size(); i += 2) p->free(live[i], 0);
+    for (int i = 0; i < 10; ++i) Alloc(*p, 30 * kMiB);
+    const auto calls = p->calls();
+    const auto us = p->driver_us();
+    double total = 0;
+    std::uint64_t memory = 0;
+    for (int k = 0; k < jaxlake::vmm::kNumCalls; ++k) total += us[k];
+    for (Call c : {Call::reserve, Call::address_free, Call::create,
+                   Call::release, Call::map, Call::unmap, Call::set_access})
+      memory += calls[static_cast<int>(c)];
+    CHECK(memory > 0);
+    CHECK_EQ(total, static_cast<double>(memory));
+  }
+  // Sizes matter: a 64 MiB cudaMalloc costs more than a 2 MiB one.
+  PolicyOptions sized;
+  sized.latency = jaxlake::vmm::LatencyModel::Zero();
+  CHECK_EQ(sized.latency.set(Call::create, {{2 * kMiB, 1}, {4 * kMiB, 2}}),
+           std::string());
+  auto small = Make("bfc", sized);
+  Alloc(*small, 1000);  // the first region: 2 MiB
+  auto big = Make("bfc", sized);
+  Alloc(*big, 60 * kMiB);  // one region of at least 60 MiB
+  CHECK_EQ(small->driver_us()[static_cast<int>(Call::create)], 1.0);
+  const double region = static_cast<double>(Counter(*big, "region_bytes"));
+  CHECK(region >= 60.0 * kMiB);
+  CHECK_EQ(big->driver_us()[static_cast<int>(Call::create)],
+           region / (2.0 * kMiB));
+}
+
+TEST(engine_counts_the_calls_of_the_second_half) {
+  // Two identical steps of 4 events each: the second half (from event 4)
+  // reuses what the first made, so jaxlake makes no driver call in it.
+  const Trace t = Jsonl(
+      "{\"t\":0,\"op\":\"alloc\",\"id\":1,\"size\":9437184}\n"
+      "{\"t\":1,\"op\":\"alloc\",\"id\":2,\"size\":2359296}\n"
+      "{\"t\":2,\"op\":\"free\",\"id\":1}\n"
+      "{\"t\":3,\"op\":\"free\",\"id\":2}\n"
+      "{\"t\":4,\"op\":\"alloc\",\"id\":3,\"size\":9437184}\n"
+      "{\"t\":5,\"op\":\"alloc\",\"id\":4,\"size\":2359296}\n"
+      "{\"t\":6,\"op\":\"free\",\"id\":3}\n"
+      "{\"t\":7,\"op\":\"free\",\"id\":4}\n");
+  REQUIRE(t.ok());
+  auto p = Make("jaxlake");
+  const ReplayResult r = Replay(t, *p, ReplayOptions{});
+  CHECK_EQ(r.half_event, 4u);
+  std::uint64_t all = 0, second = 0;
+  double us = 0, us_second = 0;
+  for (int k = 0; k < jaxlake::vmm::kNumCalls; ++k) {
+    all += r.calls[k];
+    second += r.calls_second_half[k];
+    us += r.driver_us[k];
+    us_second += r.driver_us_second_half[k];
+  }
+  CHECK(all > 0);
+  CHECK(us > 0);
+  CHECK_EQ(second, 0u);
+  CHECK_EQ(us_second, 0.0);
+  // A policy that frees its memory at once calls the driver again: BFC
+  // does not, but a trace that grows in its second half does.
+  const Trace g = Jsonl(
+      "{\"t\":0,\"op\":\"alloc\",\"id\":1,\"size\":1048576}\n"
+      "{\"t\":1,\"op\":\"alloc\",\"id\":2,\"size\":104857600}\n");
+  REQUIRE(g.ok());
+  auto b = Make("bfc");
+  const ReplayResult rg = Replay(g, *b, ReplayOptions{});
+  CHECK_EQ(rg.half_event, 1u);
+  CHECK(rg.calls_second_half[static_cast<int>(Call::create)] >= 1u);
+}
+
 TEST(engine_reports_the_event_that_runs_out_of_memory) {
   const Trace t = Jsonl(
       "{\"t\":0,\"op\":\"alloc\",\"id\":1,\"size\":5242880}\n"

@@ -92,7 +92,9 @@ const SnapshotRun& RunAt(const LakeSnapshot& s, std::uint32_t seg,
 
 TEST(snapshot_shows_holes_then_the_stitch_over_them) {
   CallbackDriver drv;
-  Lake lake(drv, LakeOptions{});
+  LakeOptions slabs;  // the small-request pool (off by default)
+  slabs.small_limit = kMiB;
+  Lake lake(drv, slabs);
   const auto a = Alloc(lake, 4 * kMiB);
   const auto b = Alloc(lake, 4 * kMiB);
   const auto c = Alloc(lake, 4 * kMiB);
@@ -148,6 +150,32 @@ TEST(snapshot_shows_holes_then_the_stitch_over_them) {
   CHECK(end.stitched[0].cached);
   CHECK_EQ(end.stitched[0].used, 0u);
   CHECK_EQ(end.free_chunks, 4u);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+// Blocks split at the alignment: a chunk holding live units and free
+// units shows live, and only wholly free chunks show free.
+TEST(snapshot_chunks_hold_the_state_of_their_units) {
+  CallbackDriver drv;
+  Lake lake(drv, LakeOptions{});
+  const auto a = Alloc(lake, 3 * kMiB);  // a segment of 2 chunks
+  LakeSnapshot s = lake.snapshot();
+  CheckConsistent(s);
+  REQUIRE_EQ(s.segments.size(), 1u);
+  REQUIRE_EQ(s.segments[0].runs.size(), 1u);  // both chunks hold a's units
+  CHECK(s.segments[0].runs[0].state == ChunkState::kLive);
+  CHECK_EQ(s.segments[0].runs[0].address, a);
+  CHECK_EQ(s.free_chunks, 0u);
+  CHECK(lake.free(a, 0) == Status::kOk);
+  const auto b = Alloc(lake, kMiB);  // the first half of chunk 0
+  s = lake.snapshot();
+  CheckConsistent(s);
+  REQUIRE_EQ(s.segments[0].runs.size(), 2u);
+  CHECK(s.segments[0].runs[0].state == ChunkState::kLive);
+  CHECK_EQ(s.segments[0].runs[0].address, b);
+  CHECK(s.segments[0].runs[1].state == ChunkState::kFree);
+  CHECK_EQ(s.free_chunks, 1u);
+  CHECK(lake.free(b, 0) == Status::kOk);
   CHECK_EQ(lake.check(), std::string());
 }
 

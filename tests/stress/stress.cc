@@ -131,6 +131,11 @@ class Run {
     LakeOptions o;
     o.capacity = capacity_;
     o.stitch_cache = 16;
+    // The default lake has no small pool (small_limit 0: every request is
+    // split from the shared blocks at the alignment); the runs with faults
+    // turn the per-stream small pool on, so its slabs, deferred
+    // cross-stream frees and slab returns meet threads and faults too.
+    if (faults_) o.small_limit = 1 * kMiB;
     lake_ = std::make_unique<Lake>(*faulty_, o);
     // Fewer live allocations per thread when several share the pool.
     target_live_ = cfg.threads > 1 ? 96 : 256;
@@ -387,11 +392,9 @@ class Run {
     if (Trace())
       std::fprintf(stderr, "alloc %llu size %zu stream %llu addr %zx %s inj %llu\n",
                    U(l.id), size, U(stream), static_cast<std::size_t>(addr), AllocStateName(how), U(faulty_->injected()));
-    // What the lake hands out: the request rounded to the alignment (small
-    // requests) or to whole chunks.
-    const LakeOptions& o = lake_->options();
-    const std::size_t unit =
-        size <= o.small_limit ? o.alignment : lake_->granularity();
+    // What the lake hands out: the request rounded to the alignment (blocks
+    // are split at the alignment, small requests are carved at it).
+    const std::size_t unit = lake_->options().alignment;
     const std::size_t rounded = (size + unit - 1) / unit * unit;
     std::vector<PhysRange> held;
     if (!track_->Resolve(addr, size, &l.ranges) ||

@@ -19,8 +19,9 @@ from typing import Any, List, Optional, Sequence, TextIO
 from jaxlake._src.bench import suite as bench
 from jaxlake._src.trace import tracefile
 from jaxlake._src.options import format_bytes
-from jaxlake._src.bench.replay import (Capacity, PolicyError, ReplayResult,
-                                 check_policies, policy_names, replay)
+from jaxlake._src.bench.replay import (Capacity, Latency, LatencyError,
+                                       PolicyError, ReplayResult,
+                                       check_policies, policy_names, replay)
 
 #: What the table's columns mean (bench and replay).
 UNITS_NOTE = (
@@ -28,7 +29,9 @@ UNITS_NOTE = (
     "calls: driver memory calls; maps: map calls; median/p99: CPU time of "
     "one allocator call (noisy: it varies from run to run and machine to "
     "machine); Mev/s: replay speed; cap: out of memory under the capacity, "
-    "at which event (* mean, + total)")
+    "at which event; driver: modelled driver time of the calls; 2nd calls, "
+    "2nd driver: memory calls and driver time in the second half of each "
+    "trace (* mean, + total)")
 
 EXIT_INPUT = 1
 EXIT_USAGE = 2
@@ -48,6 +51,26 @@ def _policies(values: Optional[Sequence[str]]) -> List[str]:
         return list(policy_names())
     names = [n.strip() for v in values for n in v.split(",") if n.strip()]
     return check_policies(names)
+
+
+def _add_latency(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--latency", metavar="FILE",
+        help="driver latency JSON (format jaxlake-driver-latency, written "
+             "by the GPU check) replacing the default latency model kind "
+             "by kind; see docs/benchmarks.md, Driver time")
+
+
+def _latency(command: str, path: Optional[str]) -> Any:
+    """The --latency file read, None without one, or False (reported)
+    when it is bad."""
+    if not path:
+        return None
+    try:
+        return Latency.load(path)
+    except LatencyError as e:
+        _error(command, f"--latency {e}")
+        return False
 
 
 def _error(command: str, message: str) -> None:
@@ -94,6 +117,7 @@ def register(commands: Any) -> None:
                    help="no progress bar")
     b.add_argument("--lenient", action="store_true",
                    help="skip malformed lines of damaged traces")
+    _add_latency(b)
     b.add_argument("--check", action="store_true",
                    help="exit with status 3 when a PASS/FAIL claim fails")
     b.set_defaults(func=bench_command)
@@ -123,6 +147,7 @@ def register(commands: Any) -> None:
     r.add_argument("--lenient", action="store_true",
                    help="skip malformed lines, unknown frees and bad sizes, "
                         "and report what was skipped")
+    _add_latency(r)
     r.set_defaults(func=replay_command)
 
     pl = commands.add_parser(
@@ -222,6 +247,9 @@ def bench_command(args: argparse.Namespace,
     except PolicyError as e:
         _error("bench", str(e))
         return EXIT_USAGE
+    latency = _latency("bench", getattr(args, "latency", None))
+    if latency is False:
+        return EXIT_INPUT
     start = time.perf_counter()
     if args.synthetic:
         folder = os.path.join(args.out, "synthetic")
@@ -248,7 +276,7 @@ def bench_command(args: argparse.Namespace,
                               enabled=False if args.no_progress else None)
     try:
         suite = bench.run_suite(paths, policies, args.capacity, progress,
-                                lenient=args.lenient)
+                                lenient=args.lenient, latency=latency)
     except tracefile.TraceError as e:
         progress.close()
         _error("bench", str(e))
@@ -266,7 +294,8 @@ def bench_command(args: argparse.Namespace,
     try:
         written = bench.write_outputs(
             suite, args.out, args.capacity, plots=not args.no_plots,
-            extra={"elapsed_s": elapsed, "source": source})
+            extra={"elapsed_s": elapsed, "source": source,
+                   "latency": latency.source if latency else "defaults"})
     except Exception as e:  # a plot error must not lose the table
         _error("bench", f"writing outputs failed: {e}")
         return EXIT_INPUT
@@ -321,12 +350,16 @@ def replay_command(args: argparse.Namespace,
     except PolicyError as e:
         _error("replay", str(e))
         return EXIT_USAGE
+    latency = _latency("replay", getattr(args, "latency", None))
+    if latency is False:
+        return EXIT_INPUT
     if not _check_image("replay", args.plot):
         return EXIT_USAGE
     trace = _read("replay", args.trace, args.lenient, out)
     if trace is None:
         return EXIT_INPUT
-    results = [replay(trace, p, args.capacity) for p in policies]
+    results = [replay(trace, p, args.capacity, latency=latency)
+               for p in policies]
     first = results[0]
     out.write(f"{trace.name}: {len(trace)} events, {first.devices} "
               f"device(s), peak live {format_bytes(first.peak_live)}")

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import json
 import math
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
@@ -70,6 +71,102 @@ def check_policies(names: Sequence[str]) -> List[str]:
         if name not in out:
             out.append(name)
     return out
+
+
+# -- driver latency ----------------------------------------------------------
+
+LATENCY_FORMAT = "jaxlake-driver-latency"
+
+
+class LatencyError(JaxlakeError, ValueError):
+    """A driver latency file that does not follow the format."""
+
+
+@dataclasses.dataclass(frozen=True)
+class Latency:
+    """Driver latency points per call kind, overriding the sim driver's
+    defaults kind by kind (docs/benchmarks.md, "Driver time"). `calls` maps
+    a kind of cc/vmm/driver.h to its points (bytes, microseconds), sorted
+    by bytes; kinds left out keep their defaults."""
+
+    source: str
+    calls: Dict[str, Tuple[Tuple[int, float], ...]]
+
+    @classmethod
+    def load(cls, path: str) -> "Latency":
+        """Reads a JSON file of the "jaxlake-driver-latency" format."""
+        try:
+            with open(path, encoding="utf-8") as f:
+                data = json.load(f)
+        except OSError as e:
+            raise LatencyError(f"{path}: cannot read: {e.strerror}") from None
+        except json.JSONDecodeError as e:
+            raise LatencyError(f"{path}: not JSON: {e}") from None
+        return cls.parse(data, where=path)
+
+    @classmethod
+    def parse(cls, data: Any, where: str = "latency") -> "Latency":
+        """Checks a decoded latency object; LatencyError names what is
+        wrong."""
+        if not isinstance(data, dict):
+            raise LatencyError(f"{where}: expected a JSON object")
+        if data.get("format") != LATENCY_FORMAT:
+            raise LatencyError(f"{where}: \"format\" must be "
+                               f"{LATENCY_FORMAT!r}, got "
+                               f"{data.get('format')!r}")
+        if data.get("version") != 1:
+            raise LatencyError(f"{where}: unsupported \"version\" "
+                               f"{data.get('version')!r}; expected 1")
+        calls = data.get("calls")
+        if not isinstance(calls, dict):
+            raise LatencyError(f"{where}: \"calls\" must be an object of "
+                               "call kind -> points")
+        kinds = set(driver_call_kinds())
+        out: Dict[str, Tuple[Tuple[int, float], ...]] = {}
+        for kind, points in calls.items():
+            if kind not in kinds:
+                raise LatencyError(
+                    f"{where}: unknown call kind {kind!r}; expected one of "
+                    + ", ".join(driver_call_kinds()))
+            if not isinstance(points, list) or not points:
+                raise LatencyError(f"{where}: calls.{kind} must be a "
+                                   "non-empty list of {\"bytes\", \"us\"}")
+            parsed = []
+            for i, p in enumerate(points):
+                if not isinstance(p, dict):
+                    raise LatencyError(f"{where}: calls.{kind}[{i}] must "
+                                       "be an object")
+                nbytes, us = p.get("bytes"), p.get("us")
+                if isinstance(nbytes, bool) or not isinstance(nbytes, int) \
+                        or nbytes <= 0:
+                    raise LatencyError(f"{where}: calls.{kind}[{i}].bytes "
+                                       f"must be an integer > 0, got "
+                                       f"{nbytes!r}")
+                if isinstance(us, bool) or not isinstance(us, (int, float)) \
+                        or not math.isfinite(us) or us < 0:
+                    raise LatencyError(f"{where}: calls.{kind}[{i}].us must "
+                                       f"be a number >= 0, got {us!r}")
+                if parsed and nbytes <= parsed[-1][0]:
+                    raise LatencyError(f"{where}: calls.{kind} must be "
+                                       "sorted by bytes without repeats "
+                                       f"(point {i}: {nbytes})")
+                parsed.append((nbytes, float(us)))
+            out[kind] = tuple(parsed)
+        return cls(source=str(data.get("source", where)), calls=out)
+
+    def model(self) -> Any:
+        """The core's LatencyModel: the defaults, overridden by these
+        points."""
+        m = _core().LatencyModel()
+        for kind, points in self.calls.items():
+            m.set(kind, [b for b, _ in points], [u for _, u in points])
+        m.source = self.source
+        return m
+
+
+def driver_call_kinds() -> Tuple[str, ...]:
+    """The driver call kinds (cc/vmm/driver.h), in its order."""
+    return tuple(_core().call_kinds())
 
 
 # -- capacity ----------------------------------------------------------------
@@ -187,15 +284,42 @@ class ReplayResult:
     capacity: Optional[int] = None   # bytes per device, when capped
     oom: Optional[OutOfMemory] = None
     capped_peak_reserved: Optional[int] = None
+    # Driver calls by kind from each device's middle event on (the steady
+    # state after warm-up), and the modelled driver time of the calls by
+    # kind (microseconds), over the whole replay and its second half.
+    calls_second_half: Dict[str, int] = dataclasses.field(
+        default_factory=dict)
+    driver_us: Dict[str, float] = dataclasses.field(default_factory=dict)
+    driver_us_second_half: Dict[str, float] = dataclasses.field(
+        default_factory=dict)
+    latency_source: str = ""
 
     @property
     def memory_calls(self) -> int:
         """Driver calls that manage memory (all kinds but events)."""
         return sum(self.calls.get(k, 0) for k in MEMORY_CALLS)
 
+    @property
+    def steady_calls(self) -> int:
+        """Memory calls in the second half of the replay."""
+        return sum(self.calls_second_half.get(k, 0) for k in MEMORY_CALLS)
+
+    @property
+    def driver_ms(self) -> float:
+        """Modelled driver time of every call (milliseconds)."""
+        return sum(self.driver_us.values()) / 1000.0
+
+    @property
+    def steady_driver_ms(self) -> float:
+        """Modelled driver time of the second half's calls (ms)."""
+        return sum(self.driver_us_second_half.values()) / 1000.0
+
     def to_json(self, timeline: bool = True) -> Dict[str, Any]:
         out = dataclasses.asdict(self)
         out["memory_calls"] = self.memory_calls
+        out["steady_calls"] = self.steady_calls
+        out["driver_ms"] = self.driver_ms
+        out["steady_driver_ms"] = self.steady_driver_ms
         if not timeline:
             for key in ("timeline_event", "timeline_live",
                         "timeline_reserved"):
@@ -213,10 +337,13 @@ def _one(trace: Trace, policy: str, options: Any, device: int,
         raise PolicyError(str(e)) from None
 
 
-def _options(capacity: int, overrides: Optional[Dict[str, Any]]) -> Any:
+def _options(capacity: int, overrides: Optional[Dict[str, Any]],
+             latency: Optional[Latency] = None) -> Any:
     core = _core()
     o = core.PolicyOptions()
     o.capacity = capacity
+    if latency is not None:
+        o.latency = latency.model()
     for key, value in (overrides or {}).items():
         if key.startswith("lake_"):
             setattr(o.lake, key[len("lake_"):], value)
@@ -262,7 +389,8 @@ def replay(trace: Trace, policy: str,
            capacity: Union[Capacity, int, str, None] = None,
            timeline_points: int = 1000, timing: bool = True,
            check_every: int = 0,
-           options: Optional[Dict[str, Any]] = None) -> ReplayResult:
+           options: Optional[Dict[str, Any]] = None,
+           latency: Optional[Latency] = None) -> ReplayResult:
     """Replays every device of `trace` through `policy`.
 
     Without a capacity each device is simulated as device_bytes() says
@@ -276,6 +404,7 @@ def replay(trace: Trace, policy: str,
 
     `options` sets fields of the core's PolicyOptions (e.g.
     gmlake_frag_limit, torch_max_split_size; lake_<name> for the lake's).
+    `latency` replaces the default driver latency model (Latency.load()).
     """
     check_policies([policy])
     cap = capacity if isinstance(capacity, Capacity) or capacity is None \
@@ -285,7 +414,7 @@ def replay(trace: Trace, policy: str,
     live = {d: int(trace.core.peak_live(d)) for d in devices}
     caps = {d: cap.bytes_for(live[d]) for d in devices} if cap else {}
     sizes = {d: device_bytes(live[d], caps.get(d)) for d in devices}
-    parts = [_one(trace, policy, _options(sizes[d], options), d,
+    parts = [_one(trace, policy, _options(sizes[d], options, latency), d,
                   timeline_points, timing, check_every) for d in devices]
     for p in parts:
         if p["check_error"]:
@@ -296,10 +425,19 @@ def replay(trace: Trace, policy: str,
         return int(sum(p[key] for p in parts))
 
     calls: Dict[str, int] = {}
+    calls_half: Dict[str, int] = {}
+    drv_us: Dict[str, float] = {}
+    drv_us_half: Dict[str, float] = {}
     counters: Dict[str, int] = {}
     for p in parts:
         for k, v in p["calls"].items():
             calls[k] = calls.get(k, 0) + int(v)
+        for k, v in p["calls_second_half"].items():
+            calls_half[k] = calls_half.get(k, 0) + int(v)
+        for k, v in p["driver_us"].items():
+            drv_us[k] = drv_us.get(k, 0.0) + float(v)
+        for k, v in p["driver_us_second_half"].items():
+            drv_us_half[k] = drv_us_half.get(k, 0.0) + float(v)
         for k, v in p["counters"].items():
             counters[k] = counters.get(k, 0) + int(v)
     # Per-call times: those of the busiest device.
@@ -327,7 +465,9 @@ def replay(trace: Trace, policy: str,
         mean_ns=mean, wall_s=wall,
         events_per_s=events / wall if wall > 0 else 0.0,
         timeline_event=t_event, timeline_live=t_live,
-        timeline_reserved=t_reserved)
+        timeline_reserved=t_reserved, calls_second_half=calls_half,
+        driver_us=drv_us, driver_us_second_half=drv_us_half,
+        latency_source=latency.source if latency else "defaults")
     result.device_memory = max(sizes.values())
     if first_oom is not None:  # the device itself is too small
         result.oom = _oom(first_oom)
@@ -340,7 +480,8 @@ def replay(trace: Trace, policy: str,
         if p["peak_reserved"] <= nbytes:
             capped_peak += int(p["peak_reserved"])
             continue
-        c = _one(trace, policy, _options(nbytes, options), p["device"], 0,
+        c = _one(trace, policy, _options(nbytes, options, latency),
+                 p["device"], 0,
                  False, check_every)
         if c["check_error"]:
             raise AssertionError(f"{policy} on {trace.name} under a cap: "

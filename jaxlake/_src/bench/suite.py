@@ -24,8 +24,8 @@ from typing import (Any, Callable, Dict, Iterable, List, Optional, Sequence,
 
 from jaxlake._src.trace import tracefile
 from jaxlake._src.options import MIB, format_bytes
-from jaxlake._src.bench.replay import (Capacity, ReplayResult, check_policies,
-                                 policy_names, replay)
+from jaxlake._src.bench.replay import (Capacity, Latency, ReplayResult,
+                                       check_policies, policy_names, replay)
 from jaxlake._src.trace.tracefile import TraceWriter
 from jaxlake._src.table import format_table as _format_table
 
@@ -123,8 +123,10 @@ def run_suite(paths: Sequence[str], policies: Optional[Sequence[str]] = None,
               capacity: Optional[Capacity] = None,
               progress: Optional[Progress] = None,
               lenient: bool = False,
-              timeline_points: int = 1000) -> List[TraceResults]:
-    """Replays every trace through every policy."""
+              timeline_points: int = 1000,
+              latency: Optional[Latency] = None) -> List[TraceResults]:
+    """Replays every trace through every policy (driver time charged by
+    `latency`, or the default model)."""
     names = check_policies(policies) if policies else list(policy_names())
     out: List[TraceResults] = []
     for path in paths:
@@ -136,7 +138,8 @@ def run_suite(paths: Sequence[str], policies: Optional[Sequence[str]] = None,
             if progress:
                 progress.update(f"{trace.name} / {name}")
             results.append(replay(trace, name, capacity,
-                                  timeline_points=timeline_points))
+                                  timeline_points=timeline_points,
+                                  latency=latency))
             if progress:
                 progress.step(f"{trace.name} / {name}")
         first = results[0]
@@ -179,7 +182,12 @@ def format_ns(ns: float) -> str:
 #: The table's columns. Sizes and times carry their unit in each cell,
 #: chosen by magnitude (format_bytes, format_ns).
 COLUMNS = ("trace", "policy", "U", "W", "peak", "calls", "maps",
-           "stitches", "median", "p99", "Mev/s", "cap")
+           "stitches", "median", "p99", "Mev/s", "cap", "driver",
+           "2nd calls", "2nd driver")
+
+
+def _ms(x: float) -> str:
+    return f"{x:.1f}" if x < 1000 else f"{x:.0f}"
 
 
 def table_rows(suite: Sequence[TraceResults]) -> List[List[str]]:
@@ -193,7 +201,9 @@ def table_rows(suite: Sequence[TraceResults]) -> List[List[str]]:
                 str(r.memory_calls), str(r.calls.get("map", 0)),
                 str(r.counters.get("stitches", 0)),
                 format_ns(r.median_ns), format_ns(r.alloc_p99_ns),
-                f"{r.events_per_s / 1e6:.2f}", _oom_cell(r)])
+                f"{r.events_per_s / 1e6:.2f}", _oom_cell(r),
+                format_ns(r.driver_ms * 1e6), str(r.steady_calls),
+                format_ns(r.steady_driver_ms * 1e6)])
     return rows
 
 
@@ -218,7 +228,10 @@ def summary_rows(suite: Sequence[TraceResults]) -> List[List[str]]:
             format_ns(geomean(r.median_ns for r in rs)),
             format_ns(geomean(r.alloc_p99_ns for r in rs)),
             f"{geomean(r.events_per_s for r in rs) / 1e6:.2f}",
-            f"{ooms}/{len(capped)} OOM" if capped else "-"])
+            f"{ooms}/{len(capped)} OOM" if capped else "-",
+            format_ns(sum(r.driver_ms for r in rs) * 1e6) + "+",
+            str(sum(r.steady_calls for r in rs)) + "+",
+            format_ns(sum(r.steady_driver_ms for r in rs) * 1e6) + "+"])
     return rows
 
 
@@ -298,6 +311,21 @@ def comparisons(suite: Sequence[TraceResults]) -> List[Comparison]:
                 "median allocator time per op, jaxlake / bfc", None,
                 f"{geomean(ratios):.2f}x (geometric mean of per-trace "
                 "ratios of medians; sim driver, no real driver latency)"))
+    totals = {p: sum(tr.by_policy()[p].driver_ms for tr in suite)
+              for p in policies}
+    out.append(Comparison(
+        "estimated driver time, suite total (ms)", None,
+        ", ".join(f"{p} {_ms(t)}" for p, t in totals.items()) +
+        f" (latency model: {lake[0].latency_source or 'defaults'})"))
+    steady = [(tr.name, tr.by_policy()["jaxlake"].steady_calls)
+              for tr in suite]
+    busy = [f"{name} {n}" for name, n in steady if n]
+    out.append(Comparison(
+        "jaxlake driver memory calls in the second half of each trace", None,
+        f"0 on {len(steady) - len(busy)}/{len(steady)} traces" +
+        (f"; not 0: {', '.join(busy)}" if busy else "") + "; others: " +
+        ", ".join(f"{p} {sum(tr.by_policy()[p].steady_calls for tr in suite)}"
+                  for p in policies if p != "jaxlake")))
     if "gmlake" in policies:
         mine = sum(tr.by_policy()["jaxlake"].calls.get("map", 0)
                    for tr in suite)
