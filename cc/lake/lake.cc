@@ -1304,9 +1304,11 @@ struct Lake::Impl {
 
   // A new slab for stream s: one primary block (never a stitch, which would
   // tie a stitched range to the long-lived small pool).
-  Status NewSlab(std::unique_lock<std::mutex>& lk, Stream s) {
+  Status NewSlab(std::unique_lock<std::mutex>& lk, Stream s,
+                 std::uint64_t* slab_id) {
     const auto n = static_cast<std::uint64_t>(slab_bytes / unit);
     const std::uint64_t id = next_id++;
+    *slab_id = id;
     std::uint64_t seg = 0, start = 0;
     AllocState how;
     Status r =
@@ -1377,13 +1379,18 @@ struct Lake::Impl {
         sl.free.erase(prev);
       }
     }
-    if (sl.used > 0) {
-      sl.free.emplace(off, len);
-      pool.emplace(len, sl.base + off);
-      return;
-    }
-    // Empty slab: its chunks go back to the large pool, tagged with the
-    // stream the slab served (its last uses were all ordered on it).
+    sl.free.emplace(off, len);
+    pool.emplace(len, sl.base + off);
+    if (sl.used == 0) DropEmptySlab(slab_id);
+  }
+
+  // An empty slab's chunks go back to the large pool, tagged with the
+  // stream the slab served (its last uses were all ordered on it).
+  void DropEmptySlab(std::uint64_t slab_id) {
+    Slab& sl = slabs.at(slab_id);
+    assert(sl.used == 0 && sl.free.size() == 1);
+    small_free[sl.stream].erase({sl.bytes, sl.base});
+    sl.free.clear();
     slab_by_base.erase(sl.base);
     st.bytes_small_reserved.add(-static_cast<std::int64_t>(sl.bytes));
     const std::uint64_t seg = sl.seg, start = sl.start;
@@ -1436,9 +1443,15 @@ struct Lake::Impl {
       FlushDeferredSmall();
       if (SmallFromPool(size, len, s, addr)) return Status::kOk;
     }
-    Status r = WithReclaim(lk, [&] { return NewSlab(lk, s); });
+    std::uint64_t slab = 0;
+    Status r = WithReclaim(lk, [&] { return NewSlab(lk, s, &slab); });
     if (r != Status::kOk) return r;
     SmallFromPool(size, len, s, addr);
+    // While NewSlab had the lock released, another call may have freed a
+    // range of stream s's older slabs that fits better: then the new slab
+    // served nothing, and an empty slab is never freed again, so it goes
+    // back to the large pool now.
+    if (slabs.at(slab).used == 0) DropEmptySlab(slab);
     return Status::kOk;
   }
 

@@ -747,6 +747,41 @@ TEST(small_frees_from_other_streams_come_back) {
   CHECK_EQ(lake.check(), std::string());
 }
 
+// Defect: a new slab's growth released the lock; meanwhile a small range of
+// an older slab of the same stream was freed, the request was served from
+// that range, and the new slab stayed empty and reserved for good (nothing
+// frees an empty slab but its last free).
+TEST(new_slab_left_empty_by_a_free_meanwhile_goes_back) {
+  SimDriver sim(Small());
+  FaultyDriver drv(sim);
+  LakeOptions o = Capped(8 * kMiB);
+  o.small_limit = kMiB;  // the small pool (off by default)
+  Lake lake(drv, o);
+  // Fill stream 1's first slab (one 2 MiB chunk) with 1 MiB ranges.
+  AllocState how{};
+  const std::uintptr_t a = Alloc(lake, kMiB, &how, 1);
+  CHECK(how == AllocState::small);
+  const std::uintptr_t b = Alloc(lake, kMiB, &how, 1);
+  CHECK(how == AllocState::small);
+  int fired = 0;
+  drv.hook(Call::create, [&] {
+    ++fired;
+    CHECK(lake.free(a, 1) == Status::kOk);  // room in the old slab
+  });
+  const std::uintptr_t c = Alloc(lake, kMiB, &how, 1);  // grows a new slab
+  CHECK_EQ(fired, 1);
+  CHECK(how == AllocState::small);
+  CHECK_EQ(c, a);  // the freed range fits best
+  CHECK_EQ(lake.check(), std::string());
+  CHECK_EQ(lake.stats().bytes_small_reserved.current,
+           static_cast<std::int64_t>(2 * kMiB));
+  CHECK(lake.free(b, 1) == Status::kOk);
+  CHECK(lake.free(c, 1) == Status::kOk);
+  lake.empty_cache();
+  CHECK_EQ(lake.stats().bytes_reserved.current, 0);
+  CHECK_EQ(lake.check(), std::string());
+}
+
 // Defect: empty_cache() merged free neighbours only when its own event query
 // made progress, so a segment whose free blocks carry different streams'
 // tags stayed reserved after the streams had been advanced elsewhere.
