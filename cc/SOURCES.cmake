@@ -11,6 +11,12 @@ set(JAXLAKE_VMM_SOURCES
 )
 set(JAXLAKE_LAKE_SOURCES
   cc/lake/lake.cc
+  cc/lake/arena.cc
+  cc/lake/small_pool.cc
+  cc/lake/stitch.cc
+  cc/lake/streams.cc
+  cc/lake/reclaim.cc
+  cc/lake/check.cc
 )
 set(JAXLAKE_REPLAY_SOURCES
   cc/replay/trace.cc

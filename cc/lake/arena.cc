@@ -1,0 +1,263 @@
+// jaxlake: the segment and block arena: blocks, gauges, segments, best fit.
+#include "cc/lake/lake_impl.h"
+
+namespace jaxlake {
+
+// Marks [start, start+n) of segment `seg`, which must lie inside one free
+// block, with `state`/`owner`. The rest of that free block stays free.
+void Lake::Impl::Carve(std::uint64_t seg_id, std::uint64_t start,
+                       std::uint64_t n, BlockState state, std::uint64_t owner) {
+  Segment& seg = segs.at(seg_id);
+  auto it = std::prev(seg.blocks.upper_bound(start));
+  const std::uint64_t bstart = it->first;
+  const Block b = it->second;
+  assert(b.state == BlockState::kFree && b.end >= start + n);
+  IndexRemove(seg_id, bstart, b);
+  // The free block's node becomes the left part, or the carved block
+  // itself when it starts there (no node is freed and made again).
+  auto hint = std::next(it);
+  if (bstart < start) {
+    it->second.end = start;
+    IndexAdd(seg_id, bstart, it->second);
+    it = seg.blocks.emplace_hint(hint, start, Block{});
+  }
+  Block& mid = it->second;
+  mid.end = start + n;
+  mid.state = state;
+  mid.owner = owner;
+  mid.tag = b.tag;
+  if (start + n < b.end) {
+    auto r = seg.blocks.emplace_hint(hint, start + n, b);
+    IndexAdd(seg_id, start + n, r->second);
+  }
+}
+
+// Two free neighbours merge when they share a stream or one of them is
+// safe for everyone; the merged block keeps the tag that still matters.
+bool Lake::Impl::MergeTags(const Tag& a, const Tag& b, Tag* out) const {
+  if (a.stream == b.stream) {
+    *out = a.seq >= b.seq ? a : b;
+    return true;
+  }
+  if (Safe(a)) {
+    *out = b;
+    return true;
+  }
+  if (Safe(b)) {
+    *out = a;
+    return true;
+  }
+  return false;
+}
+
+// Makes [start, end) of a segment a free block with `tag`, merging with
+// free neighbours where allowed.
+void Lake::Impl::MakeFree(std::uint64_t seg_id, std::uint64_t start, Tag tag) {
+  ++changes;
+  Segment& seg = segs.at(seg_id);
+  auto it = seg.blocks.find(start);
+  assert(it != seg.blocks.end());
+  it->second.state = BlockState::kFree;
+  it->second.owner = 0;
+  it->second.tag = tag;
+  // Merge with the right neighbour.
+  auto next = std::next(it);
+  Tag merged;
+  if (next != seg.blocks.end() && next->second.state == BlockState::kFree &&
+      MergeTags(it->second.tag, next->second.tag, &merged)) {
+    IndexRemove(seg_id, next->first, next->second);
+    it->second.end = next->second.end;
+    it->second.tag = merged;
+    seg.blocks.erase(next);
+  }
+  // Merge with the left neighbour.
+  if (it != seg.blocks.begin()) {
+    auto prev = std::prev(it);
+    if (prev->second.state == BlockState::kFree &&
+        MergeTags(prev->second.tag, it->second.tag, &merged)) {
+      IndexRemove(seg_id, prev->first, prev->second);
+      prev->second.end = it->second.end;
+      prev->second.tag = merged;
+      seg.blocks.erase(it);
+      it = prev;
+    }
+  }
+  IndexAdd(seg_id, it->first, it->second);
+}
+
+// Merges free neighbours that were kept apart by pending events.
+void Lake::Impl::Coalesce() {
+  for (auto& [id, seg] : segs) {
+    for (auto it = seg.blocks.begin(); it != seg.blocks.end();) {
+      auto next = std::next(it);
+      Tag merged;
+      if (next != seg.blocks.end() && it->second.state == BlockState::kFree &&
+          next->second.state == BlockState::kFree &&
+          MergeTags(it->second.tag, next->second.tag, &merged)) {
+        IndexRemove(id, it->first, it->second);
+        IndexRemove(id, next->first, next->second);
+        it->second.end = next->second.end;
+        it->second.tag = merged;
+        seg.blocks.erase(next);
+        IndexAdd(id, it->first, it->second);
+        continue;  // try to merge further right
+      }
+      it = next;
+    }
+  }
+}
+
+// True when [start, start+n) of a segment lies in one free block usable by
+// stream s.
+bool Lake::Impl::RangeFree(std::uint64_t seg_id, std::uint64_t start,
+                           std::uint64_t n, Stream s) const {
+  auto sit = segs.find(seg_id);
+  if (sit == segs.end()) return false;
+  const Segment& seg = sit->second;
+  auto it = seg.blocks.upper_bound(start);
+  if (it == seg.blocks.begin()) return false;
+  --it;
+  const Block& b = it->second;
+  return b.state == BlockState::kFree && b.end >= start + n &&
+         Usable(b.tag, s);
+}
+
+void Lake::Impl::Record(bool allocate, std::uintptr_t addr, std::size_t size,
+                        Stream s, AllocState state) {
+  if (!opt.record_trace) return;
+  auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                std::chrono::steady_clock::now() - t0)
+                .count();
+  trace.push_back(TraceEvent{static_cast<std::uint64_t>(ns), allocate, addr,
+                             size, s, state});
+}
+
+void Lake::Impl::OnAllocated(std::uintptr_t addr, const Alloc& a,
+                             AllocState state) {
+  live.emplace(addr, a);
+  st.bytes_in_use.add(static_cast<std::int64_t>(a.size));
+  st.bytes_in_use_rounded.add(static_cast<std::int64_t>(a.rounded));
+  st.live_allocations.add(1);
+  ++st.allocs;
+  switch (state) {
+#define JAXLAKE_X(name)  \
+case AllocState::name: \
+  ++st.alloc_##name;   \
+  break;
+    JAXLAKE_ALLOC_STATES(JAXLAKE_X)
+#undef JAXLAKE_X
+  }
+  Record(true, addr, a.size, a.stream, state);
+}
+
+// Creates a segment of n chunks (lock released during driver calls).
+// Capacity must have been claimed in pending_bytes by the caller.
+Status Lake::Impl::CreateSegment(std::unique_lock<std::mutex>& lk,
+                                 std::uint64_t n, std::uint64_t* seg_out) {
+  const std::size_t bytes = std::size_t{n} * gran;
+  lk.unlock();
+  std::uintptr_t va = 0;
+  Handle h = 0;
+  Status s = drv.reserve(bytes, &va);
+  Unreleased undo;  // what a failure must give back
+  Status us = Status::kOk;
+  if (s == Status::kOk) {
+    undo.va = va;
+    undo.va_bytes = bytes;
+    s = drv.create(bytes, &h);
+    if (s == Status::kOk) {
+      undo.handle = h;
+      undo.phys = bytes;
+      s = drv.map(va, bytes, 0, h);
+      if (s == Status::kOk) {
+        undo.maps.emplace_back(va, bytes);
+        s = drv.set_access(va, bytes);
+      }
+    }
+    if (s != Status::kOk) us = Teardown(undo, nullptr);
+  }
+  lk.lock();
+  pending_bytes -= bytes;
+  if (s != Status::kOk) {
+    ++changes;  // the claimed capacity is free again
+    if (s != Status::kOutOfMemory) ++st.driver_errors;
+    if (us != Status::kOk) {
+      ++st.driver_errors;
+      Keep(std::move(undo));
+    }
+    return s;
+  }
+  const std::uint64_t id = next_seg++;
+  Segment& seg = segs.try_emplace(id, &nodes).first->second;
+  seg.handle = h;
+  seg.va = va;
+  seg.nchunks = n;
+  Block b;
+  b.end = n * cu;
+  IndexAdd(id, 0, seg.blocks.emplace(0, b).first->second);
+  st.bytes_reserved.add(static_cast<std::int64_t>(bytes));
+  st.segments.add(1);
+  *seg_out = id;
+  return Status::kOk;
+}
+
+// Claims capacity for n new chunks; false if the capacity forbids it.
+// Memory the driver failed to release still counts against it.
+bool Lake::Impl::ClaimCapacity(std::uint64_t n) {
+  const std::size_t bytes = std::size_t{n} * gran;
+  const std::size_t held =
+      static_cast<std::size_t>(st.bytes_reserved.current) + pending_bytes +
+      releasing_bytes +
+      static_cast<std::size_t>(st.bytes_unreleased.current);
+  if (n > capacity / gran || held + bytes > capacity) return false;
+  pending_bytes += bytes;
+  return true;
+}
+
+// A free block of >= n chunks usable by stream s (best fit), or false.
+bool Lake::Impl::FindFit(std::uint64_t n, Stream s, FreeKey* out) const {
+  auto it = free_index.lower_bound(FreeKey(n, 0, 0));
+  if (OnlyStream(s)) {  // every free block is usable: no tag to look at
+    if (it == free_index.end()) return false;
+    *out = *it;
+    return true;
+  }
+  for (; it != free_index.end(); ++it) {
+    const auto [len, seg_id, start] = *it;
+    if (Usable(segs.at(seg_id).blocks.at(start).tag, s)) {
+      *out = *it;
+      return true;
+    }
+  }
+  return false;
+}
+
+// Claims n units of one primary block for `state`/`owner`: best fit, else
+// a new segment of whole chunks (the rest of its last chunk stays free).
+// kOutOfMemory when neither is possible; *how tells which.
+// `found`: a fit the caller already found (FindFit), if any.
+Status Lake::Impl::ClaimPrimary(std::unique_lock<std::mutex>& lk,
+                                std::uint64_t n, Stream s, BlockState state,
+                                std::uint64_t owner, std::uint64_t* seg_out,
+                                std::uint64_t* start_out, AllocState* how,
+                                const FreeKey* found) {
+  FreeKey fit;
+  if (found != nullptr ? (fit = *found, true) : FindFit(n, s, &fit)) {
+    const auto [len, seg_id, start] = fit;
+    Carve(seg_id, start, n, state, owner);
+    *seg_out = seg_id;
+    *start_out = start;
+    *how = len == n ? AllocState::fit : AllocState::split;
+    return Status::kOk;
+  }
+  const std::uint64_t chunks = ChunkUp(n) / cu;
+  if (!ClaimCapacity(chunks)) return Status::kOutOfMemory;
+  Status cs = CreateSegment(lk, chunks, seg_out);
+  if (cs != Status::kOk) return cs;
+  Carve(*seg_out, 0, n, state, owner);
+  *start_out = 0;
+  *how = AllocState::grow;
+  return Status::kOk;
+}
+
+}  // namespace jaxlake

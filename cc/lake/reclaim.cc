@@ -1,0 +1,210 @@
+// jaxlake: reclaim: releasing driver resources (and retrying failed
+// releases), releasing free segments, empty_cache.
+#include "cc/lake/lake_impl.h"
+
+namespace jaxlake {
+
+// Calls the driver (lock released) for what is left of `u`, in order, and
+// keeps in `u` what still failed. Returns kOk or the first failure, whose
+// call is named in *what.
+Status Lake::Impl::Teardown(Unreleased& u, const char** what) {
+  Status first = Status::kOk;
+  auto fail = [&](Status s, const char* call) {
+    if (first == Status::kOk) {
+      first = s;
+      if (what) *what = call;
+    }
+  };
+  std::size_t keep = 0;
+  for (std::size_t i = 0; i < u.maps.size(); ++i) {
+    const Status s = drv.unmap(u.maps[i].first, u.maps[i].second);
+    if (s != Status::kOk) {
+      fail(s, "unmap");
+      u.maps[keep++] = u.maps[i];
+    }
+  }
+  u.maps.resize(keep);
+  if (u.handle != 0) {
+    const Status s = drv.release(u.handle);
+    if (s == Status::kOk)
+      u.handle = 0;
+    else
+      fail(s, "release");
+  }
+  if (u.va != 0 && u.maps.empty()) {
+    const Status s = drv.address_free(u.va, u.va_bytes);
+    if (s == Status::kOk)
+      u.va = 0;
+    else
+      fail(s, "address_free");
+  }
+  return first;
+}
+
+// Keeps what a failed teardown left (lock held), to retry later.
+void Lake::Impl::Keep(Unreleased&& u) {
+  if (u.done()) return;
+  st.bytes_unreleased.add(static_cast<std::int64_t>(u.held()));
+  st.unreleased.add(1);
+  unreleased.push_back(std::move(u));
+}
+
+// Retries every kept resource (lock released meanwhile). Returns the
+// physical bytes the driver gave back. On a failure, *status (if kOk) and
+// *error (if empty) take the first one.
+std::size_t Lake::Impl::RetryUnreleased(std::unique_lock<std::mutex>& lk,
+                                        Status* status, std::string* error) {
+  if (unreleased.empty()) return 0;
+  std::vector<Unreleased> work = std::move(unreleased);
+  unreleased.clear();
+  std::vector<std::size_t> before;
+  for (const Unreleased& u : work) before.push_back(u.held());
+  std::size_t held_before = 0;
+  for (std::size_t b : before) held_before += b;
+  retrying += work.size();
+  retrying_held += held_before;
+  lk.unlock();
+  Status first = Status::kOk;
+  const char* what = "";
+  std::uint64_t failures = 0;
+  for (Unreleased& u : work) {
+    const char* w = "";
+    const Status s = Teardown(u, &w);
+    if (s == Status::kOk) continue;
+    ++failures;
+    if (first == Status::kOk) {
+      first = s;
+      what = w;
+    }
+  }
+  lk.lock();
+  retrying -= work.size();
+  retrying_held -= held_before;
+  std::size_t freed = 0;
+  for (std::size_t i = 0; i < work.size(); ++i) {
+    const std::size_t after = work[i].held();
+    freed += before[i] - after;
+    st.bytes_unreleased.add(static_cast<std::int64_t>(after) -
+                            static_cast<std::int64_t>(before[i]));
+    if (work[i].done()) {
+      st.unreleased.add(-1);
+      ++changes;
+    } else {
+      if (after != before[i]) ++changes;
+      unreleased.push_back(std::move(work[i]));
+    }
+  }
+  st.driver_errors += failures;
+  if (first != Status::kOk) Report(first, what, status, error);
+  return freed;
+}
+
+// Passes a release failure to a caller that asked for the release.
+void Lake::Impl::Report(Status s, const char* what, Status* status,
+                        std::string* error) {
+  if (status && *status == Status::kOk) *status = s;
+  if (error && error->empty())
+    *error = std::string("driver call ") + what + " failed (" +
+             vmm::StatusName(s) + ")";
+}
+
+// Releases every segment that is wholly free, safe and not mapped by a
+// stitched range (merging free neighbours first). Returns the bytes the
+// driver gave back; a driver failure keeps the rest for a retry and is
+// passed to *status / *error when given.
+std::size_t Lake::Impl::ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
+                                            Status* status,
+                                            std::string* error) {
+  Coalesce();
+  std::vector<Segment> doomed;
+  for (auto it = segs.begin(); it != segs.end();) {
+    Segment& seg = it->second;
+    const Block& first = seg.blocks.begin()->second;
+    if (seg.stitch_refs == 0 && seg.blocks.size() == 1 &&
+        first.state == BlockState::kFree && Safe(first.tag)) {
+      IndexRemove(it->first, 0, first);
+      doomed.push_back(std::move(seg));
+      it = segs.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  if (doomed.empty()) return 0;
+  std::vector<Unreleased> undo(doomed.size());
+  for (std::size_t i = 0; i < doomed.size(); ++i) {
+    const Segment& seg = doomed[i];
+    const std::size_t bytes = std::size_t{seg.nchunks} * gran;
+    st.bytes_reserved.add(-static_cast<std::int64_t>(bytes));
+    st.segments.add(-1);
+    ++st.segments_released;
+    undo[i].maps.emplace_back(seg.va, bytes);
+    undo[i].handle = seg.handle;
+    undo[i].va = seg.va;
+    undo[i].va_bytes = bytes;
+    undo[i].phys = bytes;
+  }
+  // Whatever fails below stays counted (bytes_unreleased) until a retry
+  // succeeds; only what the driver gave back is reported released. Until
+  // the driver answers, the bytes still count against the capacity.
+  std::size_t releasing = 0;
+  for (const Unreleased& u : undo) releasing += u.phys;
+  releasing_bytes += releasing;
+  lk.unlock();
+  std::vector<Status> result(doomed.size());
+  const char* what = "";
+  for (std::size_t i = 0; i < doomed.size(); ++i) {
+    const char* w = "";
+    result[i] = Teardown(undo[i], &w);
+    if (result[i] != Status::kOk && *what == '\0') what = w;
+  }
+  lk.lock();
+  releasing_bytes -= releasing;
+  ++changes;
+  std::size_t released = 0;
+  Status first = Status::kOk;
+  for (std::size_t i = 0; i < doomed.size(); ++i) {
+    if (result[i] == Status::kOk) {
+      released += undo[i].phys;
+      continue;
+    }
+    ++st.driver_errors;
+    if (first == Status::kOk) first = result[i];
+    released += undo[i].phys - undo[i].held();
+    Keep(std::move(undo[i]));
+  }
+  if (first != Status::kOk) Report(first, what, status, error);
+  return released;
+}
+
+std::size_t Lake::empty_cache(Status* status) {
+  Impl& m = *impl_;
+  std::unique_lock<std::mutex> lk(m.mu);
+  Status first = Status::kOk;
+  std::string error;
+  // Whatever the streams' state (another call may have advanced them
+  // already): bring back small ranges freed on other streams, then fence
+  // the frees that made (and the slabs they emptied).
+  m.AdvanceStreams();
+  if (!m.deferred_small.empty()) {
+    m.FlushDeferredSmall();
+    m.AdvanceStreams();
+  }
+  std::size_t released = m.RetryUnreleased(lk, &first, &error);
+  m.TrimCache(lk, 0, &first, &error);
+  released += m.ReleaseFreeSegments(lk, &first, &error);  // merges first
+  if (first != Status::kOk) {
+    m.last_error = "empty_cache: " + error + "; " +
+                   std::to_string(m.st.unreleased.current) +
+                   " driver resources (" +
+                   Bytes(static_cast<std::size_t>(
+                       m.st.bytes_unreleased.current)) +
+                   " of memory) are kept and retried by the next "
+                   "empty_cache(): " +
+                   m.Describe();
+  }
+  if (status) *status = first;
+  m.DebugCheck();
+  return released;
+}
+
+}  // namespace jaxlake
