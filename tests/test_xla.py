@@ -395,18 +395,23 @@ NEEDS_SHIM = pytest.mark.skipif(
     reason="this build of jaxlake has no CUDA shim (x86-64 Linux only)")
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
-# Makes device 0 ready as XLA does (cuInit, primary context, default pool)
-# and allocates 4 MiB from its pool through the hook.
-ALLOC_4MIB_ON_DEVICE_0 = """
+def alloc_on_device(device: int, nbytes: int) -> str:
+    """Python lines that make `device` ready as XLA does (cuInit, primary
+    context, default pool) and allocate `nbytes` from its pool through the
+    hook (the address in `p`)."""
+    return f"""
 cuda = ctypes.CDLL("libcuda.so.1")
 assert cuda.cuInit(0) == 0
-dev = ctypes.c_int(); cuda.cuDeviceGet(ctypes.byref(dev), 0)
+dev = ctypes.c_int(); cuda.cuDeviceGet(ctypes.byref(dev), {device})
 ctx = ctypes.c_void_p(); cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
 cuda.cuCtxSetCurrent(ctx)
 pool = ctypes.c_void_p(); cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), dev)
 p = ctypes.c_uint64()
-assert cuda.cuMemAllocFromPoolAsync(ctypes.byref(p), ctypes.c_size_t(4 << 20), pool, None) == 0
+assert cuda.cuMemAllocFromPoolAsync(ctypes.byref(p), ctypes.c_size_t({nbytes}), pool, None) == 0
 """
+
+
+ALLOC_4MIB_ON_DEVICE_0 = alloc_on_device(0, 4 << 20)
 # The same, then prints the lake's capacity.
 ALLOC_ON_DEVICE_0 = """
 import ctypes
@@ -556,14 +561,7 @@ def test_status_names_a_device_found_without_vmm_later(
     result = run_python("""
         import ctypes, jaxlake
         print("BEFORE", repr(jaxlake.configure().reason))
-        cuda = ctypes.CDLL("libcuda.so.1")
-        assert cuda.cuInit(0) == 0
-        dev = ctypes.c_int(); cuda.cuDeviceGet(ctypes.byref(dev), 2)
-        ctx = ctypes.c_void_p(); cuda.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev)
-        cuda.cuCtxSetCurrent(ctx)
-        pool = ctypes.c_void_p(); cuda.cuDeviceGetDefaultMemPool(ctypes.byref(pool), dev)
-        p = ctypes.c_uint64()
-        assert cuda.cuMemAllocFromPoolAsync(ctypes.byref(p), ctypes.c_size_t(4096), pool, None) == 0
+        """ + textwrap.indent(alloc_on_device(2, 4096), " " * 8) + """
         status = jaxlake.status()
         print("AFTER", status.active, status.reason)
     """, {"JAXLAKE_REAL_LIBCUDA": fake_driver})

@@ -77,6 +77,20 @@ def _error(command: str, message: str) -> None:
     sys.stderr.write(f"jaxlake {command}: error: {message}\n")
 
 
+def _policies_and_latency(command: str, args: argparse.Namespace) -> Any:
+    """(policies, latency model or None) from --policy and --latency, or
+    the exit status after an error message naming the bad value."""
+    try:
+        policies = _policies(args.policy)
+    except PolicyError as e:
+        _error(command, str(e))
+        return EXIT_USAGE
+    latency = _latency(command, getattr(args, "latency", None))
+    if latency is False:
+        return EXIT_INPUT
+    return policies, latency
+
+
 def _add_policy(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--policy", "-p", action="append", metavar="NAME",
@@ -242,14 +256,10 @@ def _result_rows(name: str, results: Sequence[ReplayResult]) -> List[List[str]]:
 def bench_command(args: argparse.Namespace,
                   out: Optional[TextIO] = None) -> int:
     out = out if out is not None else sys.stdout
-    try:
-        policies = _policies(args.policy)
-    except PolicyError as e:
-        _error("bench", str(e))
-        return EXIT_USAGE
-    latency = _latency("bench", getattr(args, "latency", None))
-    if latency is False:
-        return EXIT_INPUT
+    chosen = _policies_and_latency("bench", args)
+    if isinstance(chosen, int):
+        return chosen
+    policies, latency = chosen
     start = time.perf_counter()
     if args.synthetic:
         folder = os.path.join(args.out, "synthetic")
@@ -345,14 +355,10 @@ def replay_command(args: argparse.Namespace,
     out = out if out is not None else sys.stdout
     if args.json == "-":  # standard output is the JSON's
         out = sys.stderr
-    try:
-        policies = _policies(args.policy)
-    except PolicyError as e:
-        _error("replay", str(e))
-        return EXIT_USAGE
-    latency = _latency("replay", getattr(args, "latency", None))
-    if latency is False:
-        return EXIT_INPUT
+    chosen = _policies_and_latency("replay", args)
+    if isinstance(chosen, int):
+        return chosen
+    policies, latency = chosen
     if not _check_image("replay", args.plot):
         return EXIT_USAGE
     trace = _read("replay", args.trace, args.lenient, out)
