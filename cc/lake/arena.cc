@@ -87,7 +87,7 @@ void Lake::Impl::MakeFree(std::uint64_t seg_id, std::uint64_t start, Tag tag) {
 
 // Merges free neighbours that were kept apart by pending events.
 void Lake::Impl::Coalesce() {
-  for (auto& [id, seg] : segs) {
+  for (auto [id, seg] : segs) {
     for (auto it = seg.blocks.begin(); it != seg.blocks.end();) {
       auto next = std::next(it);
       Tag merged;
@@ -111,9 +111,9 @@ void Lake::Impl::Coalesce() {
 // stream s.
 bool Lake::Impl::RangeFree(std::uint64_t seg_id, std::uint64_t start,
                            std::uint64_t n, Stream s) const {
-  auto sit = segs.find(seg_id);
-  if (sit == segs.end()) return false;
-  const Segment& seg = sit->second;
+  const Segment* found = segs.find(seg_id);
+  if (found == nullptr) return false;
+  const Segment& seg = *found;
   auto it = seg.blocks.upper_bound(start);
   if (it == seg.blocks.begin()) return false;
   --it;
@@ -187,8 +187,8 @@ Status Lake::Impl::CreateSegment(std::unique_lock<std::mutex>& lk,
     }
     return s;
   }
-  const std::uint64_t id = next_seg++;
-  Segment& seg = segs.try_emplace(id, &nodes).first->second;
+  const auto [id, added] = segs.add(&nodes);
+  Segment& seg = *added;
   seg.handle = h;
   seg.va = va;
   seg.nchunks = n;

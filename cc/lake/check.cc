@@ -12,7 +12,7 @@ std::string Lake::Impl::Check() const {
     std::set<std::uint64_t> seen;
     std::uint64_t total = 0;
     for (const Piece& p : r.pieces) {
-      if (!segs.count(p.seg)) {
+      if (!segs.contains(p.seg)) {
         e << "stitched range " << id << " maps missing segment " << p.seg;
         return e.str();
       }
@@ -35,7 +35,7 @@ std::string Lake::Impl::Check() const {
       return e.str();
     }
   }
-  for (const auto& [id, seg] : segs) {
+  for (auto [id, seg] : segs) {
     reserved += std::size_t{seg.nchunks} * gran;
     std::uint64_t at = 0;
     for (const auto& [start, b] : seg.blocks) {
@@ -236,7 +236,7 @@ LakeSnapshot Lake::snapshot() const {
   // else live, else slab; it is free only when all its units are free
   // (the chunks stitching can take), and pending when any of them is.
   std::unordered_map<std::uint64_t, std::uint64_t> lent_chunks;
-  for (const auto& [id, seg] : m.segs) {
+  for (auto [id, seg] : m.segs) {
     SnapshotSegment s;
     s.id = id;
     s.va = seg.va;

@@ -109,7 +109,7 @@ Lake::~Lake() {
   std::vector<std::uint64_t> ids;
   for (const auto& [id, r] : m.stitched) ids.push_back(id);
   for (std::uint64_t id : ids) m.DropStitched(lk, id);
-  for (auto& [id, seg] : m.segs) {
+  for (auto [id, seg] : m.segs) {
     const std::size_t bytes = std::size_t{seg.nchunks} * m.gran;
     Unreleased u;
     u.maps.emplace_back(seg.va, bytes);

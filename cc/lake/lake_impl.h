@@ -13,6 +13,7 @@
 #include <cstdlib>
 #include <list>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <optional>
 #include <set>
@@ -71,19 +72,17 @@ enum class BlockState : std::uint8_t {
 
 // Recycles the nodes of the lake's trees and tables: most operations free
 // one node and make another of the same size, and a free list hands it
-// back without malloc. Guarded by the lake's mutex like the containers.
+// back without malloc. New nodes are carved from 4 KiB blocks, so that a
+// lake's warm-up (every allocation a first-time node) calls malloc once per
+// block, not once per node. Blocks go back only with the pool. Guarded by
+// the lake's mutex like the containers.
 class NodePool {
  public:
   NodePool() = default;
   NodePool(const NodePool&) = delete;
   NodePool& operator=(const NodePool&) = delete;
   ~NodePool() {
-    for (void* head : free_)
-      while (head) {
-        void* next = *static_cast<void**>(head);
-        ::operator delete(head);
-        head = next;
-      }
+    for (void* b : blocks_) ::operator delete(b);
   }
   void* get(std::size_t bytes) {
     const std::size_t c = Class(bytes);
@@ -92,7 +91,7 @@ class NodePool {
       free_[c] = *static_cast<void**>(p);
       return p;
     }
-    return ::operator new((c + 1) * 8);
+    return Carve((c + 1) * 8);
   }
   void put(void* p, std::size_t bytes) {
     const std::size_t c = Class(bytes);
@@ -106,8 +105,25 @@ class NodePool {
 
  private:
   static constexpr std::size_t kClasses = 16;  // nodes up to 128 bytes
+  static constexpr std::size_t kBlock = 4096;
   static std::size_t Class(std::size_t bytes) { return (bytes + 7) / 8 - 1; }
+  // A new node of `size` bytes from the current block (a new one when it
+  // has no room left; what the old one had left is not used).
+  void* Carve(std::size_t size) {
+    if (left_ < size) {
+      blocks_.push_back(::operator new(kBlock));
+      next_ = static_cast<char*>(blocks_.back());
+      left_ = kBlock;
+    }
+    void* p = next_;
+    next_ += size;
+    left_ -= size;
+    return p;
+  }
   void* free_[kClasses] = {};
+  std::vector<void*> blocks_;
+  char* next_ = nullptr;
+  std::size_t left_ = 0;
 };
 
 // An allocator of single nodes from a NodePool (arrays, such as hash
@@ -120,6 +136,7 @@ struct NodeAlloc {
   template <typename U>
   NodeAlloc(const NodeAlloc<U>& o) : pool(o.pool) {}  // NOLINT
   T* allocate(std::size_t n) {
+    static_assert(alignof(T) <= 8, "NodePool nodes are 8-byte aligned");
     if (n != 1) return static_cast<T*>(::operator new(n * sizeof(T)));
     return static_cast<T*>(pool->get(sizeof(T)));
   }
@@ -162,6 +179,102 @@ struct Segment {
   std::uint64_t nchunks = 0;
   std::uint64_t stitch_refs = 0;  // stitched ranges mapping its chunks
   BlockMap blocks;  // start unit -> block
+};
+
+// The segments by id. Ids grow from 1 and are never reused (snapshots and
+// the trace name segments by id), so a lookup is an index into a vector,
+// not a hash: every split and free looks its segment up. The vector starts
+// at the oldest live id; it holds one pointer per segment created since,
+// live or not (released ones are null), and drops its leading nulls once
+// they are half of it.
+class SegmentTable {
+ public:
+  SegmentTable() = default;
+  SegmentTable(const SegmentTable&) = delete;
+  SegmentTable& operator=(const SegmentTable&) = delete;
+
+  // A new segment and its id.
+  std::pair<std::uint64_t, Segment*> add(NodePool* nodes) {
+    if (slots_.empty()) first_ = next_;
+    slots_.push_back(std::make_unique<Segment>(nodes));
+    ++count_;
+    return {next_++, slots_.back().get()};
+  }
+  Segment* find(std::uint64_t id) {
+    return id >= first_ && id - first_ < slots_.size()
+               ? slots_[id - first_].get()
+               : nullptr;
+  }
+  const Segment* find(std::uint64_t id) const {
+    return const_cast<SegmentTable*>(this)->find(id);
+  }
+  // The segment with this id, which must exist.
+  Segment& at(std::uint64_t id) {
+    Segment* s = find(id);
+    assert(s != nullptr);
+    return *s;
+  }
+  const Segment& at(std::uint64_t id) const {
+    return const_cast<SegmentTable*>(this)->at(id);
+  }
+  bool contains(std::uint64_t id) const { return find(id) != nullptr; }
+  // Takes the segment out of the table.
+  std::unique_ptr<Segment> remove(std::uint64_t id) {
+    std::unique_ptr<Segment> out = std::move(slots_[id - first_]);
+    assert(out != nullptr);
+    --count_;
+    while (lead_ < slots_.size() && slots_[lead_] == nullptr) ++lead_;
+    if (lead_ == slots_.size()) {
+      slots_.clear();
+      lead_ = 0;
+    } else if (2 * lead_ >= slots_.size()) {
+      slots_.erase(slots_.begin(),
+                   slots_.begin() + static_cast<std::ptrdiff_t>(lead_));
+      first_ += lead_;
+      lead_ = 0;
+    }
+    return out;
+  }
+  std::size_t size() const { return count_; }
+  void clear() {
+    slots_.clear();
+    count_ = 0;
+    lead_ = 0;
+  }
+  // Iteration in id order yields (id, segment&) pairs by value:
+  //   for (auto [id, seg] : segs) ...
+  template <typename S>
+  class Iter {
+   public:
+    Iter(const SegmentTable* t, std::size_t i) : t_(t), i_(i) { skip(); }
+    std::pair<std::uint64_t, S&> operator*() const {
+      return {t_->first_ + i_, *t_->slots_[i_]};
+    }
+    Iter& operator++() {
+      ++i_;
+      skip();
+      return *this;
+    }
+    bool operator!=(const Iter& o) const { return i_ != o.i_; }
+
+   private:
+    void skip() {
+      while (i_ < t_->slots_.size() && t_->slots_[i_] == nullptr) ++i_;
+    }
+    const SegmentTable* t_;
+    std::size_t i_;
+  };
+  Iter<Segment> begin() { return {this, 0}; }
+  Iter<Segment> end() { return {this, slots_.size()}; }
+  Iter<const Segment> begin() const { return {this, 0}; }
+  Iter<const Segment> end() const { return {this, slots_.size()}; }
+
+ private:
+  std::vector<std::unique_ptr<Segment>> slots_;  // slots_[i]: id first_ + i
+  std::uint64_t first_ = 1;
+  std::uint64_t next_ = 1;
+  std::size_t count_ = 0;
+  std::size_t lead_ = 0;  // leading null slots
 };
 
 // A run of whole chunks of one segment (start and n in units, both
@@ -257,8 +370,7 @@ struct Lake::Impl {
 
   mutable std::mutex mu;
   NodePool nodes;  // before the containers that use it
-  std::unordered_map<std::uint64_t, Segment> segs;
-  std::uint64_t next_seg = 1;
+  SegmentTable segs;
   FreeIndex free_index{NodeAlloc<FreeKey>(&nodes)};  // by (units, seg, start)
   std::unordered_map<std::uint64_t, Stitched> stitched;
   std::list<std::uint64_t> lru;  // cached stitched ids, most recent first
@@ -298,7 +410,12 @@ struct Lake::Impl {
         unit(o.alignment),
         cu(static_cast<std::uint64_t>(d.granularity() / o.alignment)),
         capacity(o.capacity ? o.capacity : d.total_memory()),
-        slab_bytes(o.small_slab ? o.small_slab : d.granularity()) {}
+        slab_bytes(o.small_slab ? o.small_slab : d.granularity()) {
+    // Room for a training step's buffers before the first rehash: a
+    // rehash moves every node, inside a timed allocation.
+    live.reserve(kInitialTableSize);
+  }
+  static constexpr std::size_t kInitialTableSize = 1024;
 
   // ---- stream ordering and events (streams.cc) -------------------------
   Tag FreeTag(Stream s) { return Tag{s, ++streams[s].free_seq}; }

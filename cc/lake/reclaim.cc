@@ -116,23 +116,21 @@ std::size_t Lake::Impl::ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
                                             Status* status,
                                             std::string* error) {
   Coalesce();
-  std::vector<Segment> doomed;
-  for (auto it = segs.begin(); it != segs.end();) {
-    Segment& seg = it->second;
+  std::vector<std::uint64_t> ids;
+  for (auto [id, seg] : segs) {
     const Block& first = seg.blocks.begin()->second;
     if (seg.stitch_refs == 0 && seg.blocks.size() == 1 &&
         first.state == BlockState::kFree && Safe(first.tag)) {
-      IndexRemove(it->first, 0, first);
-      doomed.push_back(std::move(seg));
-      it = segs.erase(it);
-    } else {
-      ++it;
+      IndexRemove(id, 0, first);
+      ids.push_back(id);
     }
   }
+  std::vector<std::unique_ptr<Segment>> doomed;
+  for (std::uint64_t id : ids) doomed.push_back(segs.remove(id));
   if (doomed.empty()) return 0;
   std::vector<Unreleased> undo(doomed.size());
   for (std::size_t i = 0; i < doomed.size(); ++i) {
-    const Segment& seg = doomed[i];
+    const Segment& seg = *doomed[i];
     const std::size_t bytes = std::size_t{seg.nchunks} * gran;
     st.bytes_reserved.add(-static_cast<std::int64_t>(bytes));
     st.segments.add(-1);

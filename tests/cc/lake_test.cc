@@ -325,6 +325,48 @@ TEST(driver_failures_roll_back) {
   CHECK_EQ(lake.check(), std::string());
 }
 
+// Segments are looked up by id in a table that drops the slots of released
+// segments from its front: ids stay unique and in creation order while one
+// old segment lives through many created and released after it, and every
+// segment stays reachable (check() walks them all).
+TEST(segment_ids_stay_unique_while_segments_come_and_go) {
+  jaxlake::vmm::SimDriver drv(Small());
+  Lake lake(drv, LakeOptions{});
+  const auto old = Alloc(lake, 2 * kMiB);  // the first segment, kept
+  std::uint64_t last_id = 0;
+  for (int round = 0; round < 40; ++round) {
+    std::vector<std::uintptr_t> held;
+    for (int i = 0; i < 1 + round % 3; ++i) {
+      AllocState how{};
+      held.push_back(Alloc(lake, 4 * kMiB, &how));
+      CHECK(how == AllocState::grow);
+    }
+    const jaxlake::LakeSnapshot snap = lake.snapshot();
+    REQUIRE_EQ(snap.segments.size(), held.size() + 1);
+    CHECK_EQ(snap.segments.front().va, old);
+    for (std::size_t i = 1; i < snap.segments.size(); ++i) {
+      CHECK(snap.segments[i].id > snap.segments[i - 1].id);
+      CHECK(snap.segments[i].id > last_id);
+    }
+    last_id = snap.segments.back().id;
+    CHECK_EQ(lake.check(), std::string());
+    for (auto p : held) CHECK(lake.free(p, 0) == Status::kOk);
+    CHECK_EQ(lake.empty_cache(), held.size() * 4 * kMiB);
+    CHECK_EQ(lake.check(), std::string());
+    CHECK_EQ(lake.stats().segments.current, 1);
+  }
+  // The old segment still serves and frees; then it goes too.
+  CHECK(lake.free(old, 0) == Status::kOk);
+  CHECK_EQ(lake.empty_cache(), 2 * kMiB);
+  CHECK(lake.snapshot().segments.empty());
+  AllocState how{};
+  const auto again = Alloc(lake, 2 * kMiB, &how);
+  CHECK(how == AllocState::grow);
+  CHECK(lake.snapshot().segments.front().id > last_id);
+  CHECK(lake.free(again, 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+}
+
 TEST(empty_cache_and_destruction_release_everything) {
   jaxlake::vmm::SimDriver drv(Small());
   {
