@@ -143,8 +143,10 @@ def policy_names() -> list[str]:
 
 def replay(trace: TraceData, policy: str, options: PolicyOptions,
            device: int = 0, timeline_points: int = 1000, timing: bool = True,
-           check_every: int = 0) -> dict[str, Any]:
-    """Replays one device of a trace through a policy; returns a dict."""
+           check_every: int = 0, timing_rounds: int = 1) -> dict[str, Any]:
+    """Replays one device of a trace through a policy; returns a dict.
+    With timing_rounds > 1 the call times of that many replays (each with a
+    fresh policy) are pooled."""
 
 def lake_view(trace: TraceData, options: PolicyOptions, device: int = 0,
               snapshot_events: list[int] = ...,

@@ -272,6 +272,26 @@ def test_replay_figures(tmp_path: pathlib.Path) -> None:
     assert data["memory_calls"] == 6
 
 
+def test_timing_rounds_pool_call_times(tmp_path: pathlib.Path) -> None:
+    trace = hand_trace(tmp_path)
+    once = replay.replay(trace, "jaxlake", rounds=1)
+    pooled = replay.replay(trace, "jaxlake", rounds=4)
+    assert (once.timing_rounds, pooled.timing_rounds) == (1, 4)
+    # The figures other than times are those of one replay.
+    assert (pooled.allocs, pooled.peak_reserved, pooled.calls) == \
+        (once.allocs, once.peak_reserved, once.calls)
+    assert pooled.to_json()["timing_rounds"] == 4
+    # By default a short trace is timed over several replays, a long one
+    # once.
+    assert replay.replay(trace, "bfc").timing_rounds == \
+        replay.MAX_TIMING_ROUNDS
+    assert replay.timing_rounds(replay.TIMED_CALLS) == 1
+    assert replay.timing_rounds(replay.TIMED_CALLS // 3) == 3
+    assert replay.timing_rounds(0) == 1
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        replay.replay(trace, "bfc", rounds=0)
+
+
 def test_capacity_reports_the_failing_event(tmp_path: pathlib.Path) -> None:
     trace = hand_trace(tmp_path)
     results = {r.policy: r for r in replay.replay_all(trace,

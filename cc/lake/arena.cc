@@ -122,9 +122,8 @@ bool Lake::Impl::RangeFree(std::uint64_t seg_id, std::uint64_t start,
          Usable(b.tag, s);
 }
 
-void Lake::Impl::Record(bool allocate, std::uintptr_t addr, std::size_t size,
-                        Stream s, AllocState state) {
-  if (!opt.record_trace) return;
+void Lake::Impl::RecordEvent(bool allocate, std::uintptr_t addr,
+                             std::size_t size, Stream s, AllocState state) {
   auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
                 std::chrono::steady_clock::now() - t0)
                 .count();

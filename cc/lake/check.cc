@@ -188,14 +188,12 @@ std::string Lake::Impl::Check() const {
   return e.str();
 }
 
-void Lake::Impl::DebugCheck() const {
-#if defined(JAXLAKE_DEBUG) && JAXLAKE_DEBUG
+void Lake::Impl::FailOnBrokenInvariant() const {
   std::string err = Check();
   if (!err.empty()) {
     std::fprintf(stderr, "jaxlake: invariant broken: %s\n", err.c_str());
     std::abort();
   }
-#endif
 }
 
 std::string Lake::Impl::Describe() const {

@@ -142,12 +142,11 @@ Status Lake::allocate(std::size_t nbytes, Stream stream,
     r = m.Small(lk, nbytes, stream, address);
     if (r == Status::kOk) *state = AllocState::small;
   } else {
-    const std::size_t chunks = nbytes / m.gran + (nbytes % m.gran != 0);
-    if (chunks > m.capacity / m.gran) {
+    if (nbytes > m.max_request) {  // more whole chunks than the capacity
       r = Status::kOutOfMemory;
     } else {
-      const auto n = static_cast<std::uint64_t>(RoundUp(nbytes, m.unit) /
-                                                m.unit);
+      const auto n =
+          static_cast<std::uint64_t>((nbytes + m.unit - 1) >> m.unit_shift);
       r = m.WithReclaim(lk, [&] {
         return m.LargeOnce(lk, n, stream, nbytes, address, state);
       });

@@ -31,6 +31,11 @@ using vmm::Status;
 using vmm::Stream;
 
 inline bool IsPow2(std::size_t x) { return x != 0 && (x & (x - 1)) == 0; }
+inline int Log2(std::size_t pow2) {
+  int k = 0;
+  while ((std::size_t{1} << k) < pow2) ++k;
+  return k;
+}
 inline std::size_t RoundUp(std::size_t x, std::size_t to) {
   return (x + to - 1) / to * to;
 }
@@ -362,9 +367,11 @@ struct Lake::Impl {
   vmm::Driver& drv;
   LakeOptions opt;
   std::size_t gran;
-  std::size_t unit;   // bytes per unit (the alignment)
+  std::size_t unit;   // bytes per unit (the alignment, a power of two)
+  int unit_shift;     // log2(unit)
   std::uint64_t cu;   // units per chunk
   std::size_t capacity;
+  std::size_t max_request;  // the most bytes of whole chunks in capacity
   std::size_t slab_bytes;
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
 
@@ -408,8 +415,10 @@ struct Lake::Impl {
         opt(o),
         gran(d.granularity()),
         unit(o.alignment),
+        unit_shift(Log2(o.alignment)),
         cu(static_cast<std::uint64_t>(d.granularity() / o.alignment)),
         capacity(o.capacity ? o.capacity : d.total_memory()),
+        max_request(capacity / gran * gran),
         slab_bytes(o.small_slab ? o.small_slab : d.granularity()) {
     // Room for a training step's buffers before the first rehash: a
     // rehash moves every node, inside a timed allocation.
@@ -418,7 +427,19 @@ struct Lake::Impl {
   static constexpr std::size_t kInitialTableSize = 1024;
 
   // ---- stream ordering and events (streams.cc) -------------------------
-  Tag FreeTag(Stream s) { return Tag{s, ++streams[s].free_seq}; }
+  // The state of stream s, made on first use. The last one used is kept
+  // at hand: most frees in a row come from one stream. (Entries are never
+  // erased, and an unordered_map's elements do not move.)
+  StreamState& StreamOf(Stream s) {
+    if (last_state_ == nullptr || last_stream_ != s) {
+      last_state_ = &streams[s];
+      last_stream_ = s;
+    }
+    return *last_state_;
+  }
+  Stream last_stream_ = 0;
+  StreamState* last_state_ = nullptr;
+  Tag FreeTag(Stream s) { return Tag{s, ++StreamOf(s).free_seq}; }
   bool Safe(const Tag& t) const {
     if (t.seq == 0) return true;
     auto it = streams.find(t.stream);
@@ -469,8 +490,14 @@ struct Lake::Impl {
   void Coalesce();
   bool RangeFree(std::uint64_t seg_id, std::uint64_t start, std::uint64_t n,
                  Stream s) const;
+  // Appends to the trace when it is on (the check is inline: the trace is
+  // off by default and every allocation and free passes here).
   void Record(bool allocate, std::uintptr_t addr, std::size_t size, Stream s,
-              AllocState state);
+              AllocState state) {
+    if (opt.record_trace) RecordEvent(allocate, addr, size, s, state);
+  }
+  void RecordEvent(bool allocate, std::uintptr_t addr, std::size_t size,
+                   Stream s, AllocState state);
   void OnAllocated(std::uintptr_t addr, const Alloc& a, AllocState state);
   Status CreateSegment(std::unique_lock<std::mutex>& lk, std::uint64_t n,
                        std::uint64_t* seg_out);
@@ -604,7 +631,14 @@ struct Lake::Impl {
 
   // ---- check and describe (check.cc) -----------------------------------
   std::string Check() const;
-  void DebugCheck() const;
+  // Debug builds: Check() after every operation, aborting on a broken
+  // invariant. Release builds: nothing.
+  void DebugCheck() const {
+#if defined(JAXLAKE_DEBUG) && JAXLAKE_DEBUG
+    FailOnBrokenInvariant();
+#endif
+  }
+  void FailOnBrokenInvariant() const;
   std::string Describe() const;
 };
 

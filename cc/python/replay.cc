@@ -223,10 +223,15 @@ std::vector<std::pair<std::uint64_t, double>> LatencyPoints(
 nb::dict RunReplay(const PyTrace& trace, const std::string& policy,
                    const PolicyOptions& options, std::uint32_t device,
                    std::size_t timeline_points, bool timing,
-                   std::size_t check_every) {
+                   std::size_t check_every, int timing_rounds) {
   std::string error;
   std::unique_ptr<Policy> p = MakePolicy(policy, options, &error);
   if (!p) throw nb::value_error(error.c_str());
+  p.reset();  // made once to check the options; each replay makes its own
+  if (timing_rounds < 1)
+    throw nb::value_error(("timing_rounds must be at least 1, got " +
+                           std::to_string(timing_rounds))
+                              .c_str());
   if (device >= trace.devices())
     throw nb::value_error(("device " + std::to_string(device) +
                            " is not below the trace's devices (" +
@@ -237,12 +242,15 @@ nb::dict RunReplay(const PyTrace& trace, const std::string& policy,
   ro.timeline_points = timeline_points;
   ro.timing = timing;
   ro.check_every = check_every;
+  ro.timing_rounds = timing_rounds;
   std::shared_ptr<Trace> t = trace.get();
   ReplayResult r;
   {
     nb::gil_scoped_release release;
-    r = Replay(*t, *p, ro);
-    p.reset();  // the lake's teardown is not part of the measurement
+    std::string unused;
+    // The lake's teardown is not part of the measurement (Replay destroys
+    // each policy outside the timing).
+    r = Replay(*t, [&] { return MakePolicy(policy, options, &unused); }, ro);
   }
   nb::dict d;
   d["policy"] = r.policy;
@@ -278,6 +286,7 @@ nb::dict RunReplay(const PyTrace& trace, const std::string& policy,
   d["alloc_times"] = Times(r.alloc_times);
   d["free_times"] = Times(r.free_times);
   d["median_ns"] = r.median_ns;
+  d["timing_rounds"] = r.timing_rounds;
   d["wall_s"] = r.wall_s;
   d["events_per_s"] = r.events_per_s;
   d["clock_overhead_ns"] = r.clock_overhead_ns;
@@ -437,8 +446,10 @@ void BindReplay(nb::module_& m) {
   m.def("policy_names", &PolicyNames, "The replay policies, in table order.");
   m.def("replay", &RunReplay, "trace"_a, "policy"_a, "options"_a,
         "device"_a = 0, "timeline_points"_a = 1000, "timing"_a = true,
-        "check_every"_a = 0,
-        "Replays one device of a trace through a policy; returns a dict.");
+        "check_every"_a = 0, "timing_rounds"_a = 1,
+        "Replays one device of a trace through a policy; returns a dict. "
+        "With timing_rounds > 1 the call times of that many replays (each "
+        "with a fresh policy) are pooled.");
   m.def("lake_view", &RunLakeView, "trace"_a, "options"_a, "device"_a = 0,
         "snapshot_events"_a = std::vector<std::uint64_t>{},
         "stitch_snapshots"_a = 0,

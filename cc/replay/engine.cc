@@ -4,6 +4,12 @@
 #include <algorithm>
 #include <chrono>
 #include <limits>
+#include <memory>
+
+#if defined(__x86_64__)
+#include <cpuid.h>
+#include <x86intrin.h>
+#endif
 
 namespace jaxlake::replay {
 
@@ -11,12 +17,76 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
+// Per-call timing reads a tick counter: the x86 time-stamp counter where
+// the CPU says it is invariant (one tick is a fixed time, on every core),
+// else the steady clock in ns. On the development machine steady_clock
+// costs 20-30 ns a read and moves in steps of about 10 ns, as coarse as
+// the calls it times; the time-stamp counter costs about 10 ns, in steps of
+// under 1 ns.
+#if defined(__x86_64__)
+bool InvariantTsc() {
+  unsigned a = 0, b = 0, c = 0, d = 0;
+  return __get_cpuid(0x80000007, &a, &b, &c, &d) && (d & (1u << 8)) != 0;
+}
+const bool kUseTsc = InvariantTsc();
+inline std::uint64_t Ticks() {
+  if (!kUseTsc)
+    return static_cast<std::uint64_t>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(
+            Clock::now().time_since_epoch())
+            .count());
+  _mm_lfence();  // the calls before have finished
+  const std::uint64_t t = __rdtsc();
+  _mm_lfence();  // the timed call starts after the read
+  return t;
+}
+#else
+const bool kUseTsc = false;
+inline std::uint64_t Ticks() {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(
+          Clock::now().time_since_epoch())
+          .count());
+}
+#endif
+
+// Ticks per ns: 1 for the steady clock, else measured once against it
+// over 20 ms.
+double TicksPerNs() {
+  static const double ratio = [] {
+    if (!kUseTsc) return 1.0;
+    const auto t0 = Clock::now();
+    const std::uint64_t c0 = Ticks();
+    auto t1 = t0;
+    while (t1 - t0 < std::chrono::milliseconds(20)) t1 = Clock::now();
+    const std::uint64_t c1 = Ticks();
+    const double ns = static_cast<double>(
+        std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0)
+            .count());
+    return static_cast<double>(c1 - c0) / ns;
+  }();
+  return ratio;
+}
+
+// The ticks of one Ticks() pair (median of many).
+std::uint64_t OverheadTicks() {
+  std::vector<std::uint64_t> d(2001);
+  for (auto& x : d) {
+    const std::uint64_t a = Ticks();
+    const std::uint64_t b = Ticks();
+    x = b - a;
+  }
+  std::nth_element(d.begin(), d.begin() + 1000, d.end());
+  return d[1000];
+}
+
+// Percentile q of times in ticks, in ns.
 double Percentile(std::vector<std::uint32_t>* v, double q) {
   if (v->empty()) return 0;
   const auto k = static_cast<std::size_t>(q * static_cast<double>(v->size() - 1));
   std::nth_element(v->begin(), v->begin() + static_cast<std::ptrdiff_t>(k),
                    v->end());
-  return (*v)[k];
+  return static_cast<double>((*v)[k]) / TicksPerNs();
 }
 
 OpTimes Summarise(std::vector<std::uint32_t>* v) {
@@ -25,28 +95,70 @@ OpTimes Summarise(std::vector<std::uint32_t>* v) {
   if (v->empty()) return t;
   double total = 0;
   for (std::uint32_t x : *v) total += x;
-  t.total_ns = total;
-  t.mean_ns = total / static_cast<double>(v->size());
+  t.total_ns = total / TicksPerNs();
+  t.mean_ns = t.total_ns / static_cast<double>(v->size());
   t.p99_ns = Percentile(v, 0.99);
   t.p50_ns = Percentile(v, 0.50);
   return t;
 }
 
+// Times of the timed calls (ticks, less the clock's own).
+struct CallTicks {
+  std::vector<std::uint32_t> alloc, free;
+};
+
+ReplayResult ReplayOnce(const Trace& trace, Policy& policy,
+                        const ReplayOptions& options, CallTicks* ticks);
+
+void SummariseTimes(CallTicks* t, ReplayResult* r) {
+  std::vector<std::uint32_t> all;
+  all.reserve(t->alloc.size() + t->free.size());
+  all.insert(all.end(), t->alloc.begin(), t->alloc.end());
+  all.insert(all.end(), t->free.begin(), t->free.end());
+  r->median_ns = Percentile(&all, 0.5);
+  r->alloc_times = Summarise(&t->alloc);
+  r->free_times = Summarise(&t->free);
+}
+
 }  // namespace
 
 double ClockOverheadNs() {
-  std::vector<std::uint32_t> d(2001);
-  for (auto& x : d) {
-    const auto a = Clock::now();
-    const auto b = Clock::now();
-    x = static_cast<std::uint32_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(b - a).count());
-  }
-  return Percentile(&d, 0.5);
+  return static_cast<double>(OverheadTicks()) / TicksPerNs();
 }
 
 ReplayResult Replay(const Trace& trace, Policy& policy,
                     const ReplayOptions& options) {
+  CallTicks ticks;
+  ReplayResult r = ReplayOnce(trace, policy, options, &ticks);
+  if (options.timing) SummariseTimes(&ticks, &r);
+  return r;
+}
+
+ReplayResult Replay(const Trace& trace, const PolicyFactory& make,
+                    const ReplayOptions& options) {
+  CallTicks ticks;
+  ReplayResult r;
+  {
+    std::unique_ptr<Policy> p = make();
+    r = ReplayOnce(trace, *p, options, &ticks);
+  }  // the policy's teardown is not timed
+  if (!options.timing) return r;
+  ReplayOptions again = options;
+  again.timeline_points = 0;
+  again.check_every = 0;
+  for (int round = 1; round < options.timing_rounds; ++round) {
+    std::unique_ptr<Policy> p = make();
+    ReplayOnce(trace, *p, again, &ticks);
+  }
+  r.timing_rounds = std::max(options.timing_rounds, 1);
+  SummariseTimes(&ticks, &r);
+  return r;
+}
+
+namespace {
+
+ReplayResult ReplayOnce(const Trace& trace, Policy& policy,
+                        const ReplayOptions& options, CallTicks* ticks) {
   ReplayResult r;
   r.policy = policy.name();
   r.device = options.device;
@@ -57,15 +169,20 @@ ReplayResult Replay(const Trace& trace, Policy& policy,
 
   std::vector<std::uintptr_t> address(trace.slots, 0);
   std::vector<std::uint8_t> valid(trace.slots, 0);
-  std::vector<std::uint32_t> alloc_ns;
-  std::vector<std::uint32_t> free_ns;
+  std::vector<std::uint32_t>& alloc_ticks = ticks->alloc;
+  std::vector<std::uint32_t>& free_ticks = ticks->free;
   if (options.timing) {
-    alloc_ns.reserve(device_events / 2 + 1);
-    free_ns.reserve(device_events / 2 + 1);
+    alloc_ticks.reserve(alloc_ticks.size() + device_events / 2 + 1);
+    free_ticks.reserve(free_ticks.size() + device_events / 2 + 1);
   }
-  const double overhead = options.timing ? ClockOverheadNs() : 0;
-  r.clock_overhead_ns = overhead;
-  const auto overhead_ns = static_cast<std::int64_t>(overhead);
+  const std::uint64_t overhead = options.timing ? OverheadTicks() : 0;
+  r.clock_overhead_ns = static_cast<double>(overhead) / TicksPerNs();
+  // One timed call, in ticks less the clock's own (clamped to 32 bits).
+  auto elapsed = [overhead](std::uint64_t t0, std::uint64_t t1) {
+    const std::uint64_t d = t1 - t0;
+    return static_cast<std::uint32_t>(
+        std::min<std::uint64_t>(d > overhead ? d - overhead : 0, 0xffffffff));
+  };
 
   // Timeline buckets over the whole trace's event indices, so that the
   // timelines of all devices and policies share one x axis.
@@ -107,15 +224,9 @@ ReplayResult Replay(const Trace& trace, Policy& policy,
       std::uintptr_t a = 0;
       bool ok;
       if (options.timing) {
-        const auto t0 = Clock::now();
+        const std::uint64_t t0 = Ticks();
         ok = policy.allocate(e.size, e.stream, &a);
-        const auto t1 = Clock::now();
-        const std::int64_t ns =
-            std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0)
-                .count() -
-            overhead_ns;
-        alloc_ns.push_back(static_cast<std::uint32_t>(
-            std::clamp<std::int64_t>(ns, 0, 0xffffffff)));
+        alloc_ticks.push_back(elapsed(t0, Ticks()));
       } else {
         ok = policy.allocate(e.size, e.stream, &a);
       }
@@ -137,15 +248,9 @@ ReplayResult Replay(const Trace& trace, Policy& policy,
     } else {
       if (!valid[e.slot]) continue;  // cannot happen: the parser checked
       if (options.timing) {
-        const auto t0 = Clock::now();
+        const std::uint64_t t0 = Ticks();
         policy.free(address[e.slot], e.stream);
-        const auto t1 = Clock::now();
-        const std::int64_t ns =
-            std::chrono::duration_cast<std::chrono::nanoseconds>(t1 - t0)
-                .count() -
-            overhead_ns;
-        free_ns.push_back(static_cast<std::uint32_t>(
-            std::clamp<std::int64_t>(ns, 0, 0xffffffff)));
+        free_ticks.push_back(elapsed(t0, Ticks()));
       } else {
         policy.free(address[e.slot], e.stream);
       }
@@ -203,16 +308,9 @@ ReplayResult Replay(const Trace& trace, Policy& policy,
     }
   }
   r.counters = policy.counters();
-  if (options.timing) {
-    std::vector<std::uint32_t> all;
-    all.reserve(alloc_ns.size() + free_ns.size());
-    all.insert(all.end(), alloc_ns.begin(), alloc_ns.end());
-    all.insert(all.end(), free_ns.begin(), free_ns.end());
-    r.median_ns = Percentile(&all, 0.5);
-    r.alloc_times = Summarise(&alloc_ns);
-    r.free_times = Summarise(&free_ns);
-  }
   return r;
 }
+
+}  // namespace
 
 }  // namespace jaxlake::replay

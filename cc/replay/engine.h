@@ -7,9 +7,9 @@
 // with the peak reserved, the driver calls by kind (over the whole trace and
 // over its second half, the steady state after warm-up), their modelled
 // driver time (the policy options' latency model), the policy's counters,
-// and the CPU time of every allocate and free (steady clock around each
-// call, less the clock's own cost): percentiles per kind and the median of
-// all. With a capacity (set in the policy's options) an allocation the
+// and the CPU time of every allocate and free (a clock read around each
+// call, less the clock's own cost; pooled over several replays when asked):
+// percentiles per kind and the median of all. With a capacity (set in the policy's options) an allocation the
 // policy cannot serve stops the replay, and the result says at which event
 // and line, for what request, with how much live and reserved.
 //
@@ -20,6 +20,8 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -38,6 +40,11 @@ struct ReplayOptions {
   // Tests: validate the policy's invariants every this many events and at
   // the end (0: never).
   std::size_t check_every = 0;
+  // Replay(trace, factory, ...): replays timed in all, each with a fresh
+  // policy; the call times of all of them are pooled (the other figures
+  // are the first replay's). A trace of a few hundred calls, timed once,
+  // gives a median that moves by a tenth from run to run.
+  int timing_rounds = 1;
 };
 
 struct OpTimes {
@@ -79,6 +86,7 @@ struct ReplayResult {
   OpTimes alloc_times;
   OpTimes free_times;
   double median_ns = 0;     // median over every timed call
+  int timing_rounds = 1;    // replays whose call times are pooled
   double wall_s = 0;        // the whole loop
   double events_per_s = 0;
   double clock_overhead_ns = 0;
@@ -94,7 +102,15 @@ struct ReplayResult {
 ReplayResult Replay(const Trace& trace, Policy& policy,
                     const ReplayOptions& options);
 
-// The cost of one steady_clock::now(), in ns (median of many pairs).
+// The same with options.timing_rounds replays, each with a new policy from
+// `make` (destroyed after its replay, outside the timing).
+using PolicyFactory = std::function<std::unique_ptr<Policy>()>;
+ReplayResult Replay(const Trace& trace, const PolicyFactory& make,
+                    const ReplayOptions& options);
+
+// The cost of one read of the clock that times calls, in ns (median of
+// many pairs): the time-stamp counter where it is invariant, else the
+// steady clock.
 double ClockOverheadNs();
 
 }  // namespace jaxlake::replay

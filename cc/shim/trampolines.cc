@@ -70,7 +70,9 @@ extern "C" int jaxlake_shim_missing() {
   return jaxlake::cuda::CUDA_ERROR_NOT_FOUND;
 }
 
-extern "C" void* jaxlake_shim_resolve(unsigned slot) {
+// Called only from the assembly above, which link-time optimisation does
+// not see: `used` keeps it.
+extern "C" __attribute__((used)) void* jaxlake_shim_resolve(unsigned slot) {
   try {
     jaxlake::shim::Real();  // loads the real driver (once), fills the table
   } catch (...) {

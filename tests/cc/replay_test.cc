@@ -17,6 +17,7 @@ using jaxlake::replay::kMiB;
 using jaxlake::replay::MakePolicy;
 using jaxlake::replay::ParseTrace;
 using jaxlake::replay::Policy;
+using jaxlake::replay::PolicyFactory;
 using jaxlake::replay::PolicyOptions;
 using jaxlake::replay::Replay;
 using jaxlake::replay::ReplayOptions;
@@ -626,6 +627,44 @@ TEST(engine_measures_utilisation_waste_and_calls) {
   CHECK_EQ(r.timeline_event.size(), 4u);  // fewer events than points
   CHECK_EQ(r.timeline_reserved.back(), 16 * kMiB);
   CHECK_EQ(r.timeline_live[2], 1000u);
+}
+
+// Timing rounds: each round replays with a fresh policy from the factory;
+// the call times of all rounds are pooled, every other figure is the first
+// round's, and the clock that times calls costs a sane amount.
+TEST(engine_pools_the_call_times_of_several_rounds) {
+  const Trace t = Jsonl(
+      "{\"t\":0,\"op\":\"alloc\",\"id\":1,\"size\":3145728}\n"
+      "{\"t\":1,\"op\":\"alloc\",\"id\":2,\"size\":1000}\n"
+      "{\"t\":2,\"op\":\"free\",\"id\":1}\n"
+      "{\"t\":3,\"op\":\"alloc\",\"id\":3,\"size\":5242880}\n");
+  REQUIRE(t.ok());
+  int made = 0;
+  const PolicyFactory make = [&] {
+    ++made;
+    return Make("bfc");
+  };
+  ReplayOptions ro;
+  ro.timing_rounds = 5;
+  ro.check_every = 1;
+  const ReplayResult r = Replay(t, make, ro);
+  CHECK_EQ(made, 5);
+  CHECK_EQ(r.timing_rounds, 5);
+  CHECK_EQ(r.check_error, std::string());
+  CHECK_EQ(r.alloc_times.count, 15u);
+  CHECK_EQ(r.free_times.count, 5u);
+  CHECK_EQ(r.allocs, 3u);  // the first round's figures, not summed
+  CHECK_EQ(r.calls[static_cast<int>(Call::create)], 3u);
+  CHECK_EQ(r.peak_reserved, 16 * kMiB);
+  CHECK(r.median_ns >= 0 && r.alloc_times.p99_ns >= r.alloc_times.p50_ns);
+  CHECK(r.clock_overhead_ns > 0 && r.clock_overhead_ns < 10000);
+  // Without timing there is one replay.
+  ro.timing = false;
+  made = 0;
+  const ReplayResult u = Replay(t, make, ro);
+  CHECK_EQ(made, 1);
+  CHECK_EQ(u.alloc_times.count, 0u);
+  CHECK_EQ(u.timing_rounds, 1);
 }
 
 TEST(latency_model_interpolates_and_extrapolates) {

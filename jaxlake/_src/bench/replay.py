@@ -293,6 +293,8 @@ class ReplayResult:
     driver_us_second_half: Dict[str, float] = dataclasses.field(
         default_factory=dict)
     latency_source: str = ""
+    # Replays whose call times were pooled for the time figures.
+    timing_rounds: int = 1
 
     @property
     def memory_calls(self) -> int:
@@ -327,12 +329,28 @@ class ReplayResult:
         return out
 
 
+# Timed calls wanted per policy and device: a trace with fewer is replayed
+# again (each time with a fresh policy, up to MAX_TIMING_ROUNDS replays) and
+# the times of all the replays are pooled. Timed once, the few hundred calls
+# of a short trace give a median that moves by a tenth from run to run.
+TIMED_CALLS = 20_000
+MAX_TIMING_ROUNDS = 20
+
+
+def timing_rounds(device_events: int) -> int:
+    """Replays to time for a device with this many events."""
+    if device_events <= 0:
+        return 1
+    return max(1, min(MAX_TIMING_ROUNDS, -(-TIMED_CALLS // device_events)))
+
+
 def _one(trace: Trace, policy: str, options: Any, device: int,
          timeline_points: int, timing: bool,
-         check_every: int) -> Dict[str, Any]:
+         check_every: int, rounds: int = 1) -> Dict[str, Any]:
     try:
         return dict(_core().replay(trace.core, policy, options, device,
-                                   timeline_points, timing, check_every))
+                                   timeline_points, timing, check_every,
+                                   rounds))
     except ValueError as e:
         raise PolicyError(str(e)) from None
 
@@ -390,7 +408,8 @@ def replay(trace: Trace, policy: str,
            timeline_points: int = 1000, timing: bool = True,
            check_every: int = 0,
            options: Optional[Dict[str, Any]] = None,
-           latency: Optional[Latency] = None) -> ReplayResult:
+           latency: Optional[Latency] = None,
+           rounds: Optional[int] = None) -> ReplayResult:
     """Replays every device of `trace` through `policy`.
 
     Without a capacity each device is simulated as device_bytes() says
@@ -405,6 +424,9 @@ def replay(trace: Trace, policy: str,
     `options` sets fields of the core's PolicyOptions (e.g.
     gmlake_frag_limit, torch_max_split_size; lake_<name> for the lake's).
     `latency` replaces the default driver latency model (Latency.load()).
+    `rounds`: replays whose call times are pooled for the time figures
+    (None: timing_rounds() of each device's events; the other figures are
+    the first replay's).
     """
     check_policies([policy])
     cap = capacity if isinstance(capacity, Capacity) or capacity is None \
@@ -414,8 +436,11 @@ def replay(trace: Trace, policy: str,
     live = {d: int(trace.core.peak_live(d)) for d in devices}
     caps = {d: cap.bytes_for(live[d]) for d in devices} if cap else {}
     sizes = {d: device_bytes(live[d], caps.get(d)) for d in devices}
+    if rounds is not None and rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
     parts = [_one(trace, policy, _options(sizes[d], options, latency), d,
-                  timeline_points, timing, check_every) for d in devices]
+                  timeline_points, timing, check_every,
+                  rounds or timing_rounds(counts[d])) for d in devices]
     for p in parts:
         if p["check_error"]:
             raise AssertionError(f"{policy} on {trace.name}, device "
@@ -467,7 +492,8 @@ def replay(trace: Trace, policy: str,
         timeline_event=t_event, timeline_live=t_live,
         timeline_reserved=t_reserved, calls_second_half=calls_half,
         driver_us=drv_us, driver_us_second_half=drv_us_half,
-        latency_source=latency.source if latency else "defaults")
+        latency_source=latency.source if latency else "defaults",
+        timing_rounds=int(main["timing_rounds"]))
     result.device_memory = max(sizes.values())
     if first_oom is not None:  # the device itself is too small
         result.oom = _oom(first_oom)
