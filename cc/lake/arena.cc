@@ -133,7 +133,7 @@ void Lake::Impl::RecordEvent(bool allocate, std::uintptr_t addr,
 
 void Lake::Impl::OnAllocated(std::uintptr_t addr, const Alloc& a,
                              AllocState state) {
-  live.emplace(addr, a);
+  live.insert(addr, a);
   st.bytes_in_use.add(static_cast<std::int64_t>(a.size));
   st.bytes_in_use_rounded.add(static_cast<std::int64_t>(a.rounded));
   st.live_allocations.add(1);

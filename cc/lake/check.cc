@@ -80,7 +80,7 @@ std::string Lake::Impl::Check() const {
         }
       } else if (b.state == BlockState::kLive) {
         auto lit = live.find(seg.va + std::size_t{start} * unit);
-        if (lit == live.end() || lit->second.kind != Kind::kPrimary ||
+        if (lit == nullptr || lit->second.kind != Kind::kPrimary ||
             lit->second.rounded != std::size_t{n} * unit) {
           e << "live block " << id << ":" << start << " has no allocation";
           return e.str();

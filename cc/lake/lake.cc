@@ -169,8 +169,8 @@ Status Lake::allocate(std::size_t nbytes, Stream stream,
 Status Lake::free(std::uintptr_t address, Stream stream) {
   Impl& m = *impl_;
   std::unique_lock<std::mutex> lk(m.mu);
-  auto it = m.live.find(address);
-  if (it == m.live.end()) return Status::kInvalidValue;
+  LiveTable::Entry* it = m.live.find(address);
+  if (it == nullptr) return Status::kInvalidValue;
   const Alloc a = it->second;
   m.live.erase(it);
   m.st.bytes_in_use.add(-static_cast<std::int64_t>(a.size));
@@ -209,8 +209,8 @@ Status Lake::free(std::uintptr_t address, Stream stream) {
 
 std::size_t Lake::allocation_size(std::uintptr_t address) const {
   std::lock_guard<std::mutex> lk(impl_->mu);
-  auto it = impl_->live.find(address);
-  return it == impl_->live.end() ? 0 : it->second.size;
+  const LiveTable::Entry* it = impl_->live.find(address);
+  return it == nullptr ? 0 : it->second.size;
 }
 
 Stats Lake::stats() const {

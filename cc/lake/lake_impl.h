@@ -330,6 +330,108 @@ struct Alloc {
   std::uint64_t owner = 0;  // stitched or slab id
 };
 
+// Live allocations by address. Open addressing with linear probing in a
+// power-of-two table kept at most half full; address 0 (never an
+// allocation's) marks an empty slot, and erase shifts the entries after it
+// back, so there are no tombstones. Every allocation inserts and every free
+// finds and erases: unlike std::unordered_map, no node is allocated and no
+// division is made.
+class LiveTable {
+ public:
+  struct Entry {
+    std::uintptr_t first = 0;  // the address; 0: empty slot
+    Alloc second;
+  };
+  explicit LiveTable(std::size_t slots) { Resize(slots); }
+  LiveTable(const LiveTable&) = delete;
+  LiveTable& operator=(const LiveTable&) = delete;
+
+  Entry* find(std::uintptr_t addr) {
+    if (addr == 0) return nullptr;
+    for (std::size_t i = Home(addr);; i = (i + 1) & mask_) {
+      if (slots_[i].first == addr) return &slots_[i];
+      if (slots_[i].first == 0) return nullptr;
+    }
+  }
+  const Entry* find(std::uintptr_t addr) const {
+    return const_cast<LiveTable*>(this)->find(addr);
+  }
+  // addr must not be 0 nor already in the table.
+  void insert(std::uintptr_t addr, const Alloc& a) {
+    assert(addr != 0 && find(addr) == nullptr);
+    if (2 * (size_ + 1) > slots_.size()) Resize(2 * slots_.size());
+    std::size_t i = Home(addr);
+    while (slots_[i].first != 0) i = (i + 1) & mask_;
+    slots_[i].first = addr;
+    slots_[i].second = a;
+    ++size_;
+  }
+  // e must come from find().
+  void erase(Entry* e) {
+    std::size_t i = static_cast<std::size_t>(e - slots_.data());
+    slots_[i].first = 0;
+    --size_;
+    // Moves back each following entry whose home is not in (i, j].
+    for (std::size_t j = (i + 1) & mask_; slots_[j].first != 0;
+         j = (j + 1) & mask_) {
+      const std::size_t k = Home(slots_[j].first);
+      const bool stays = i <= j ? (i < k && k <= j) : (i < k || k <= j);
+      if (stays) continue;
+      slots_[i] = slots_[j];
+      slots_[j].first = 0;
+      i = j;
+    }
+  }
+  std::size_t size() const { return size_; }
+
+  // Iteration over the entries (for (const auto& [addr, a] : live)).
+  class Iter {
+   public:
+    Iter(const Entry* p, const Entry* end) : p_(p), end_(end) { skip(); }
+    const Entry& operator*() const { return *p_; }
+    Iter& operator++() {
+      ++p_;
+      skip();
+      return *this;
+    }
+    bool operator!=(const Iter& o) const { return p_ != o.p_; }
+
+   private:
+    void skip() {
+      while (p_ != end_ && p_->first == 0) ++p_;
+    }
+    const Entry* p_;
+    const Entry* end_;
+  };
+  Iter begin() const {
+    return {slots_.data(), slots_.data() + slots_.size()};
+  }
+  Iter end() const {
+    return {slots_.data() + slots_.size(), slots_.data() + slots_.size()};
+  }
+
+ private:
+  // Fibonacci hashing: the top bits of the address times 2^64 / phi.
+  std::size_t Home(std::uintptr_t addr) const {
+    return static_cast<std::size_t>(
+        (static_cast<std::uint64_t>(addr) * 0x9E3779B97F4A7C15ull) >> shift_);
+  }
+  void Resize(std::size_t slots) {
+    std::vector<Entry> old;
+    old.swap(slots_);
+    slots_.resize(slots);
+    mask_ = slots - 1;
+    shift_ = 64 - Log2(slots);
+    size_ = 0;
+    for (const Entry& e : old)
+      if (e.first != 0) insert(e.first, e.second);
+  }
+  std::vector<Entry> slots_;
+  std::size_t mask_ = 0;
+  int shift_ = 64;
+  std::size_t size_ = 0;
+};
+
 struct StreamState {
   std::uint64_t free_seq = 0;   // frees so far on this stream
   std::uint64_t completed = 0;  // frees known complete on the device
@@ -387,11 +489,9 @@ struct Lake::Impl {
   std::unordered_map<Stream, std::set<std::pair<std::size_t, std::uintptr_t>>>
       small_free;
   std::uint64_t next_id = 1;
-  std::unordered_map<std::uintptr_t, Alloc, std::hash<std::uintptr_t>,
-                     std::equal_to<std::uintptr_t>,
-                     NodeAlloc<std::pair<const std::uintptr_t, Alloc>>>
-      live{16, std::hash<std::uintptr_t>(), std::equal_to<std::uintptr_t>(),
-           NodeAlloc<std::pair<const std::uintptr_t, Alloc>>(&nodes)};
+  // Room for 1,024 live allocations before the table first grows (a
+  // growth moves every entry, inside a timed allocation).
+  LiveTable live{2048};
   std::unordered_map<Stream, StreamState> streams;
   std::size_t pending_bytes = 0;  // physical bytes being created right now
   // Physical bytes of segments being released right now (lock released):
@@ -420,11 +520,7 @@ struct Lake::Impl {
         capacity(o.capacity ? o.capacity : d.total_memory()),
         max_request(capacity / gran * gran),
         slab_bytes(o.small_slab ? o.small_slab : d.granularity()) {
-    // Room for a training step's buffers before the first rehash: a
-    // rehash moves every node, inside a timed allocation.
-    live.reserve(kInitialTableSize);
   }
-  static constexpr std::size_t kInitialTableSize = 1024;
 
   // ---- stream ordering and events (streams.cc) -------------------------
   // The state of stream s, made on first use. The last one used is kept

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "cc/lake/lake.h"
+#include "cc/lake/lake_impl.h"  // LiveTable
 #include "cc/vmm/faulty_driver.h"
 #include "cc/vmm/host_driver.h"
 #include "cc/vmm/sim_driver.h"
@@ -323,6 +324,41 @@ TEST(driver_failures_roll_back) {
   CHECK(Holds(big, 24 * kMiB, 7));
   CHECK_EQ(host.mapped_bytes(), 64 * kMiB + 24 * kMiB);
   CHECK_EQ(lake.check(), std::string());
+}
+
+// The live table against a std::map model: random inserts and erases of
+// addresses that collide (multiples of 2^40 share their low bits), with
+// growth, wrap-around at the end of the table and backward-shift erase.
+TEST(live_table_matches_a_map_under_random_inserts_and_erases) {
+  jaxlake::detail::LiveTable table(16);
+  std::map<std::uintptr_t, std::size_t> model;
+  std::mt19937_64 rng(7);
+  for (int step = 0; step < 20000; ++step) {
+    const std::uintptr_t addr =
+        (std::uintptr_t{1} + rng() % 300) << (rng() % 2 ? 40 : 12);
+    jaxlake::detail::LiveTable::Entry* e = table.find(addr);
+    auto m = model.find(addr);
+    REQUIRE_EQ(e == nullptr, m == model.end());
+    if (e == nullptr) {
+      jaxlake::detail::Alloc a;
+      a.size = static_cast<std::size_t>(step);
+      table.insert(addr, a);
+      model[addr] = a.size;
+    } else {
+      CHECK_EQ(e->second.size, m->second);
+      table.erase(e);
+      model.erase(m);
+    }
+    REQUIRE_EQ(table.size(), model.size());
+  }
+  std::size_t seen = 0;
+  for (const auto& [addr, a] : table) {
+    REQUIRE(model.count(addr) == 1);
+    CHECK_EQ(a.size, model.at(addr));
+    ++seen;
+  }
+  CHECK_EQ(seen, model.size());
+  CHECK(table.find(0) == nullptr);
 }
 
 // Segments are looked up by id in a table that drops the slots of released
