@@ -286,10 +286,20 @@ def test_timing_rounds_pool_call_times(tmp_path: pathlib.Path) -> None:
     assert replay.replay(trace, "bfc").timing_rounds == \
         replay.MAX_TIMING_ROUNDS
     assert replay.timing_rounds(replay.TIMED_CALLS) == 1
-    assert replay.timing_rounds(replay.TIMED_CALLS // 3) == 3
+    assert replay.timing_rounds(replay.TIMED_CALLS // 4) == 4
     assert replay.timing_rounds(0) == 1
     with pytest.raises(ValueError, match="rounds must be at least 1"):
         replay.replay(trace, "bfc", rounds=0)
+
+
+def test_granularity_bound_on_utilisation(tmp_path: pathlib.Path) -> None:
+    # Peak live 5 MiB + 1000 B: no policy holds less than three 2 MiB
+    # chunks.
+    r = replay.replay(hand_trace(tmp_path), "jaxlake")
+    assert r.min_reserved == 6 * MIB
+    assert r.best_utilisation == pytest.approx((5 * MIB + 1000) / (6 * MIB))
+    assert r.utilisation <= r.best_utilisation
+    assert r.to_json()["min_reserved"] == 6 * MIB
 
 
 def test_capacity_reports_the_failing_event(tmp_path: pathlib.Path) -> None:

