@@ -27,8 +27,8 @@ from jaxlake._src.bench.replay import (Capacity, Latency, LatencyError,
 UNITS_NOTE = (
     "U: peak live / peak reserved; W: peak reserved - peak live; "
     "calls: driver memory calls; maps: map calls; median/p99: CPU time of "
-    "one allocator call (noisy: it varies from run to run and machine to "
-    "machine); Mev/s: replay speed; cap: out of memory under the capacity, "
+    "one allocator call, pooled over up to 20 replays of a short trace "
+    "(it varies from run to run and machine to machine); Mev/s: replay speed; cap: out of memory under the capacity, "
     "at which event; driver: modelled driver time of the calls; 2nd calls, "
     "2nd driver: memory calls and driver time in the second half of each "
     "trace (* mean, + total)")
