@@ -108,7 +108,9 @@ def test_snapshot_shows_a_stitch_over_the_chunks_it_borrows(
     assert before["stitched"] == []
     # After: one stitched range of two pieces over segments 1 and 3, its
     # chunks lent to it, nothing free.
-    (rid, va, nchunks, used, cached, busy, pieces), = after["stitched"]
+    (rid, va, nchunks, used, cached, busy, pieces,
+     address), = after["stitched"]
+    assert address == va  # no free tail leads it
     assert (nchunks, used, cached, busy) == (4, 4, False, False)
     seg_ids = [seg[0] for seg in after["segments"]]
     assert sorted(p[0] for p in pieces) == [seg_ids[0], seg_ids[2]]
@@ -122,8 +124,8 @@ def test_snapshot_shows_a_stitch_over_the_chunks_it_borrows(
     (start, stop, state, _owner, address, _pending), = mid[3]
     assert state == LIVE and dict(after["live"])[address] == 1
     # At the end the range is cached (still mapped) and its chunks free.
-    (_, _, _, used, cached, _, _), = end["stitched"]
-    assert used == 0 and cached
+    (_, _, _, used, cached, _, _, address), = end["stitched"]
+    assert used == 0 and cached and address == 0
     assert end["free_chunks"] == 6 and end["live"] == []
 
 
@@ -168,9 +170,13 @@ def test_snapshots_agree_with_the_replay_of_the_jaxlake_policy() -> None:
                     lent[owner] = lent.get(owner, 0) + stop - start
             assert at == nchunks
         assert (free, largest) == (s["free_chunks"], s["largest_free"])
-        for (rid, _va, _n, used, cached, _busy, _pieces) in s["stitched"]:
-            assert lent.get(rid, 0) == used and cached == (used == 0)
         live_addrs = dict(s["live"])
+        for (rid, _va, _n, used, cached, _busy, _pieces,
+             address) in s["stitched"]:
+            assert lent.get(rid, 0) == used and cached == (used == 0)
+            # A range in use names its allocation's address, which is
+            # live (also past a free tail that leads the range).
+            assert (address in live_addrs) == (used > 0)
         for (_sid, _va, _n, runs) in segs:
             for (_a, _b, state, _o, addr, _p) in runs:
                 if state == LIVE:

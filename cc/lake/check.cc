@@ -288,6 +288,7 @@ LakeSnapshot Lake::snapshot() const {
     s.nchunks = r.nunits / m.cu;
     auto lc = lent_chunks.find(id);
     s.used = r.mapping || lc == lent_chunks.end() ? 0 : lc->second;
+    s.address = r.mapping || r.used == 0 ? 0 : m.StitchedAddress(r);
     s.cached = r.cached;
     s.busy = r.mapping || r.dropping;
     for (const Piece& p : r.pieces)

@@ -150,6 +150,9 @@ struct SnapshotStitched {
   std::uint64_t nchunks = 0;
   std::uint64_t used = 0;    // chunks shown lent to it (see above); 0
                              // while it is being mapped
+  std::uintptr_t address = 0;  // its live allocation's address (va, or
+                               // past a free tail that leads the range);
+                               // 0 when none
   bool cached = false;       // freed and kept mapped for reuse
   bool busy = false;         // being mapped or unmapped right now
   std::vector<SnapshotPiece> pieces;  // in address order

@@ -324,7 +324,7 @@ nb::dict Layout(const LakeViewSnapshot& s) {
     for (const SnapshotPiece& p : st.pieces)
       pieces.append(nb::make_tuple(p.segment, p.start, p.nchunks));
     stitched.append(nb::make_tuple(st.id, st.va, st.nchunks, st.used,
-                                   st.cached, st.busy, pieces));
+                                   st.cached, st.busy, pieces, st.address));
   }
   d["stitched"] = stitched;
   nb::list slabs;

@@ -238,6 +238,30 @@ TEST(snapshot_during_growth_leaves_out_the_segment_being_made) {
   CHECK_EQ(lake.snapshot().segments.size(), 2u);
 }
 
+// A stitch led by a free tail: the range starts at the tail's chunk, the
+// allocation past the units before the tail; the snapshot names the
+// allocation's address, not the range's.
+TEST(snapshot_names_the_address_of_a_tail_led_stitch) {
+  CallbackDriver drv;
+  Lake lake(drv, LakeOptions{});
+  const std::size_t n = 2 * kMiB + kMiB / 4;
+  const auto a = Alloc(lake, n);  // 2 chunks, a free tail of 1.75 MiB
+  AllocState how{};
+  const auto b = Alloc(lake, n, &how);
+  REQUIRE(how == AllocState::stitch_grow);
+  const LakeSnapshot s = lake.snapshot();
+  CheckConsistent(s);
+  REQUIRE_EQ(s.stitched.size(), 1u);
+  CHECK_EQ(s.stitched[0].address, b);
+  CHECK(s.stitched[0].va < b && b < s.stitched[0].va + 2 * kMiB);
+  CHECK(lake.free(b, 0) == Status::kOk);
+  const LakeSnapshot after = lake.snapshot();
+  REQUIRE_EQ(after.stitched.size(), 1u);
+  CHECK(after.stitched[0].cached);
+  CHECK_EQ(after.stitched[0].address, 0u);
+  CHECK(lake.free(a, 0) == Status::kOk);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) { return jaxlake::check::RunAll(argc, argv); }

@@ -407,8 +407,11 @@ def _snapshots(cols: Columns, pair: np.ndarray, served: np.ndarray,
                     rows.append([start, end, state, int(owner)])
             segs.append([int(sid), int(nchunks), rows])
         stitched = []
-        for (rid, va, nchunks, used, cached, _busy, pieces) in s["stitched"]:
-            ev = by_addr.get(va) if used else None
+        for (rid, _va, nchunks, used, cached, _busy, pieces,
+             address) in s["stitched"]:
+            # The allocation starts at the range's address, or past the
+            # free tail that leads it.
+            ev = by_addr.get(address) if address else None
             stitched.append([int(rid), int(nchunks), int(used), bool(cached),
                              [[int(a), int(b), int(c)] for a, b, c in pieces],
                              ref(ev)])
