@@ -441,7 +441,8 @@ def test_doctor_lists_orbax(tmp_path: pathlib.Path) -> None:
     try:
         version = metadata.version("orbax-checkpoint")
     except metadata.PackageNotFoundError:
-        pytest.skip("orbax-checkpoint is not installed (the examples extra)")
+        pytest.skip("orbax-checkpoint is not installed (the examples "
+                    "extra, on Python 3.11 and newer)")
     # a fresh process: doctor configures the lake of the process it runs in
     result = subprocess.run([sys.executable, "-m", "jaxlake", "doctor",
                              "--no-jax"], cwd=tmp_path, capture_output=True,

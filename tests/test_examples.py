@@ -24,7 +24,7 @@ from typing import Dict, List
 import pytest
 
 _NEEDS = ("the examples need jax, flax, optax and orbax-checkpoint "
-          "(pip install 'jaxlake[examples]')")
+          "(pip install 'jaxlake[examples]', on Python 3.11 and newer)")
 # Found, not imported: the examples run in subprocesses, and importing jax
 # here would fix its platform choice for other test modules.
 for _module in ("jax", "flax", "optax", "orbax"):

@@ -153,7 +153,8 @@ def test_summary_is_written_as_each_step_finishes(
 def test_stress_program_runs_without_tracing_errors() -> None:
     """The sanitizer's program picks its shapes on the host (the old one
     called int() on a traced value inside jit)."""
-    pytest.importorskip("jax", reason="the test extra brings jax")
+    pytest.importorskip("jax", reason="needs jax: the test extra brings it "
+                        "on Python 3.11 and newer")
     result = subprocess.run(
         [sys.executable, str(GPU / "stress.py"), "--no-lake",
          "--iterations", "12"], env=_env(), capture_output=True, text=True,

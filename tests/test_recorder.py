@@ -17,7 +17,8 @@ from typing import Any, List
 import pytest
 
 jax = pytest.importorskip(
-    "jax", reason="the recorder needs jax (pip install 'jaxlake[examples]')")
+    "jax", reason="the recorder needs jax (pip install 'jaxlake[examples]', "
+    "on Python 3.11 and newer)")
 import jax.numpy as jnp  # noqa: E402
 from jax._src import xla_bridge  # noqa: E402
 

@@ -353,7 +353,8 @@ def test_view_takes_the_result_of_jaxlake_trace(tmp_path: Path) -> None:
 
 def test_view_takes_a_recorder_open_or_closed(tmp_path: Path) -> None:
     jax = pytest.importorskip(
-        "jax", reason="the recorder needs jax (pip install 'jaxlake[test]')")
+        "jax", reason="the recorder needs jax (pip install 'jaxlake[test]', "
+        "on Python 3.11 and newer)")
     from jax._src import xla_bridge
     if not xla_bridge.backends_are_initialized():
         jax.config.update("jax_platforms", "cpu")

@@ -23,7 +23,8 @@ from jaxlake._src.xla import integration as xla
 from jaxlake._src.xla import cli as xla_cli
 
 jax = pytest.importorskip("jax", reason="the integration tests start JAX "
-                          "on the CPU; pip install '.[test]' brings it")
+                          "on the CPU: pip install '.[test]' brings it on "
+                          "Python 3.11 and newer (no jax 0.10 before)")
 
 HAS_DRIVER = xla.find_real_driver()[0] is not None
 
