@@ -131,7 +131,7 @@ class Latency:
             if not isinstance(points, list) or not points:
                 raise LatencyError(f"{where}: calls.{kind} must be a "
                                    "non-empty list of {\"bytes\", \"us\"}")
-            parsed = []
+            parsed: List[Tuple[int, float]] = []
             for i, p in enumerate(points):
                 if not isinstance(p, dict):
                     raise LatencyError(f"{where}: calls.{kind}[{i}] must "

@@ -42,7 +42,8 @@ import shlex
 import sys
 import threading
 import warnings
-from typing import Any, Dict, Iterator, List, Mapping, Optional, Tuple
+from typing import (Any, Dict, Iterator, List, Mapping, MutableMapping,
+                    Optional, Tuple)
 
 from jaxlake._src import options as _options
 from jaxlake._src.errors import ConfigurationError
@@ -195,7 +196,7 @@ def split_xla_flags(value: str) -> Tuple[str, Dict[str, str]]:
     return " ".join(shlex.quote(t) for t in kept), ours
 
 
-def strip_xla_flags(environ: Optional[Dict[str, str]] = None
+def strip_xla_flags(environ: Optional[MutableMapping[str, str]] = None
                     ) -> Dict[str, str]:
     """Removes jaxlake's entries from XLA_FLAGS (XLA aborts on unknown
     flags) and returns them."""
@@ -212,7 +213,8 @@ def strip_xla_flags(environ: Optional[Dict[str, str]] = None
     return ours
 
 
-def resolve_settings(environ: Dict[str, str], options: Mapping[str, Any],
+def resolve_settings(environ: MutableMapping[str, str],
+                     options: Mapping[str, Any],
                      trace: Optional[str], required: bool
                      ) -> Tuple[Dict[str, Any], Optional[str], bool]:
     """(lake options, trace path, required) from the keyword arguments,
