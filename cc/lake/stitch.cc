@@ -22,12 +22,11 @@ Status Lake::Impl::DropStitched(std::unique_lock<std::mutex>& lk,
   r.dropping = true;
   Unreleased undo;
   undo.va = r.va;
-  std::uintptr_t at = r.va;
-  for (const Piece& p : r.pieces) {
-    undo.maps.emplace_back(at, std::size_t{p.n} * unit);
-    at += std::size_t{p.n} * unit;
-  }
-  undo.va_bytes = at - r.va;
+  undo.va_bytes = std::size_t{r.nunits} * unit;
+  // One unmap for the whole range: its pieces are adjacent mappings, and
+  // the driver unmaps a run of whole mappings in one call (as NVIDIA's
+  // multi-device sample frees stripes mapped one by one).
+  undo.maps.emplace_back(r.va, undo.va_bytes);
   const std::size_t bytes = undo.va_bytes;
   lk.unlock();
   const Status s = Teardown(undo, what);
@@ -198,11 +197,7 @@ Status Lake::Impl::MapStitched(std::unique_lock<std::mutex>& lk,
   if (s != Status::kOk && va != 0) {
     undo.va = va;
     undo.va_bytes = bytes;
-    std::uintptr_t at = va;
-    for (std::size_t i = 0; i < mapped; ++i) {
-      undo.maps.emplace_back(at, std::size_t{pieces[i].n} * unit);
-      at += std::size_t{pieces[i].n} * unit;
-    }
+    if (done_bytes != 0) undo.maps.emplace_back(va, done_bytes);  // one run
     us = Teardown(undo, nullptr);
   }
   lk.lock();

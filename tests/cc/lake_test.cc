@@ -104,6 +104,34 @@ TEST(stitch_serves_scattered_free_memory_with_real_bytes) {
   CHECK_EQ(st.driver_calls[static_cast<int>(Call::set_access)], 9u);
 }
 
+// Dropping a stitched range of several pieces unmaps it in one call (its
+// pieces are adjacent mappings) and frees its reservation in one more.
+TEST(a_dropped_stitched_range_is_unmapped_in_one_call) {
+  jaxlake::vmm::SimDriver drv(Small());
+  LakeOptions o = Capped(64 * kMiB);
+  o.stitch_cache = 0;  // a freed range is dropped at once
+  Lake lake(drv, o);
+  std::vector<std::uintptr_t> blocks;
+  for (int i = 0; i < 8; ++i) blocks.push_back(Alloc(lake, 8 * kMiB));
+  for (int i = 0; i < 8; i += 2) CHECK(lake.free(blocks[i], 0) == Status::kOk);
+  AllocState how{};
+  const auto big = Alloc(lake, 24 * kMiB, &how);
+  REQUIRE(how == AllocState::stitch);
+  CHECK_EQ(lake.stats().stitch_pieces, 3u);
+  const auto unmaps = drv.calls(Call::unmap);
+  const auto frees = drv.calls(Call::address_free);
+  CHECK(lake.free(big, 0) == Status::kOk);
+  CHECK_EQ(drv.calls(Call::unmap), unmaps + 1);
+  CHECK_EQ(drv.calls(Call::address_free), frees + 1);
+  CHECK_EQ(lake.stats().stitch_evictions, 1u);
+  CHECK_EQ(lake.check(), std::string());
+  // The chunks it borrowed serve again.
+  const auto again = Alloc(lake, 24 * kMiB, &how);
+  CHECK(how == AllocState::stitch);
+  CHECK(lake.free(again, 0) == Status::kOk);
+  for (int i = 1; i < 8; i += 2) CHECK(lake.free(blocks[i], 0) == Status::kOk);
+}
+
 TEST(fit_split_and_stitch_reuse) {
   jaxlake::vmm::SimDriver drv(Small());
   Lake lake(drv, Capped(32 * kMiB));
