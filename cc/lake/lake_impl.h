@@ -331,7 +331,9 @@ struct Alloc {
 };
 
 // Live allocations by address. Open addressing with linear probing in a
-// power-of-two table kept at most half full; address 0 (never an
+// power-of-two table kept at most three quarters full (64-byte slots: a
+// million live allocations take 128 MiB, against about 80 MiB of nodes and
+// buckets in a std::unordered_map); address 0 (never an
 // allocation's) marks an empty slot, and erase shifts the entries after it
 // back, so there are no tombstones. Every allocation inserts and every free
 // finds and erases: unlike std::unordered_map, no node is allocated and no
@@ -359,7 +361,7 @@ class LiveTable {
   // addr must not be 0 nor already in the table.
   void insert(std::uintptr_t addr, const Alloc& a) {
     assert(addr != 0 && find(addr) == nullptr);
-    if (2 * (size_ + 1) > slots_.size()) Resize(2 * slots_.size());
+    if (4 * (size_ + 1) > 3 * slots_.size()) Resize(2 * slots_.size());
     std::size_t i = Home(addr);
     while (slots_[i].first != 0) i = (i + 1) & mask_;
     slots_[i].first = addr;
@@ -489,7 +491,7 @@ struct Lake::Impl {
   std::unordered_map<Stream, std::set<std::pair<std::size_t, std::uintptr_t>>>
       small_free;
   std::uint64_t next_id = 1;
-  // Room for 1,024 live allocations before the table first grows (a
+  // Room for 1,536 live allocations before the table first grows (a
   // growth moves every entry, inside a timed allocation).
   LiveTable live{2048};
   std::unordered_map<Stream, StreamState> streams;
