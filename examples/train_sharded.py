@@ -82,10 +82,6 @@ def main(argv: list[str] | None = None) -> int:
     args = p.parse_args(argv)
     import _lm
     _lm.check_args(p, args)
-    if args.trace_per_tensor:
-        p.error("--trace-per-tensor needs XLA's dump flags set before jax "
-                "starts, and this script starts jax to build its mesh: "
-                "record per-tensor traces with train_lm.py")
     if args.mesh is not None and args.layout == "tp" and args.mesh[1] == 1:
         p.error(f"--layout tp --mesh {args.mesh[0]}x1 has a model axis of "
                 "1, so it splits nothing and is the data layout: give the "
@@ -96,6 +92,11 @@ def main(argv: list[str] | None = None) -> int:
                 f"--num-processes {args.num_processes}: use 0 to "
                 f"{args.num_processes - 1}")
     status = _common.start(args.jaxlake, args.jaxlake_option)
+    if args.trace_per_tensor:
+        # XLA reads its dump flags once, when jax starts, and this script
+        # starts jax to build its mesh before the recorder exists.
+        import jaxlake
+        jaxlake.enable_per_tensor_dumps()
     flags = os.environ.get("XLA_FLAGS", "")
     if "xla_force_host_platform_device_count" not in flags:
         os.environ["XLA_FLAGS"] = (

@@ -20,6 +20,7 @@ from jaxlake._src.options import parse_size
 from jaxlake._src.options import resolve_options
 from jaxlake._src.trace.recorder import Recorder
 from jaxlake._src.trace.recorder import RecorderError
+from jaxlake._src.trace.recorder import enable_per_tensor_dumps
 from jaxlake._src.core.stats import Stats
 from jaxlake._src.xla.integration import Status
 from jaxlake._src.xla.integration import configure
@@ -62,6 +63,7 @@ __all__ = [
     "__version__",
     "configure",
     "empty_cache",
+    "enable_per_tensor_dumps",
     "hook_counts",
     "memory_report",
     "option_table",

@@ -33,6 +33,7 @@ def test_public_names_are_pinned() -> None:
         "__version__",
         "configure",
         "empty_cache",
+        "enable_per_tensor_dumps",
         "hook_counts",
         "memory_report",
         "option_table",

@@ -194,6 +194,27 @@ def test_trace_is_what_replay_reads(
     assert len(temps) >= 16
 
 
+def test_sharded_per_tensor_trace(tmp_path: Path) -> None:
+    """train_sharded.py builds its mesh (so starts jax) before the recorder
+    exists; it turns XLA's dumps on first, and the per-tensor variant
+    records each tensor of the sharded program."""
+    from jaxlake._src.trace.tracefile import read_trace
+    trace = tmp_path / "sharded.jsonl.gz"
+    done = subprocess.run(
+        [sys.executable, str(EXAMPLES / "train_sharded.py"), "--layout",
+         "fsdp", "--compile-only", "--steps", "2", "--no-progress",
+         "--trace", str(trace), "--trace-per-tensor"],
+        env=_env(), capture_output=True, text=True, timeout=TIMEOUT,
+        cwd=str(ROOT))
+    assert done.returncode == 0, done.stderr[-3000:]
+    read = read_trace(trace)
+    assert read.meta["variant"] == "per-tensor"
+    assert read.name.endswith("-per-tensor")
+    kinds = [e.kind for e in read.events() if e.op == "alloc"]
+    assert "temp" not in kinds  # temps are split into their tensors
+    assert kinds.count("activation") > 100
+
+
 def test_jaxlake_replay_reads_the_trace(
         compiled: subprocess.CompletedProcess) -> None:
     trace = compiled.trace  # type: ignore[attr-defined]

@@ -689,8 +689,8 @@ class Recorder:
                 f"the per-tensor variant found no GPU buffer assignment dump "
                 f"for {name} in {self._dump_dir}: XLA_FLAGS must carry "
                 "--xla_dump_to before jax starts; create the Recorder (or "
-                "call enable_per_tensor_dumps()) before the first jax "
-                "operation")
+                "call jaxlake.enable_per_tensor_dumps()) before the first "
+                "jax operation")
         self._dumps_seen = True
         path = os.path.join(self._dump_dir, assignments[-1])
         with open(path, encoding="utf-8") as f:
@@ -877,7 +877,8 @@ def _enable_dumps() -> str:
         raise RecorderError(
             "the per-tensor variant needs XLA's buffer-assignment dumps, and "
             "XLA reads XLA_FLAGS only once, when jax starts its first "
-            "backend: create Recorder(per_tensor=True) before the first jax "
+            "backend: create Recorder(per_tensor=True), or call "
+            "jaxlake.enable_per_tensor_dumps(), before the first jax "
             "operation")
     folder = tempfile.mkdtemp(prefix="jaxlake-dump-")
     flags = os.environ.get("XLA_FLAGS", "")
