@@ -11,7 +11,7 @@
 #include <vector>
 
 #include "cc/lake/lake.h"
-#include "cc/lake/lake_impl.h"  // LiveTable
+#include "cc/lake/structures.h"  // LiveTable
 #include "cc/vmm/faulty_driver.h"
 #include "cc/vmm/host_driver.h"
 #include "cc/vmm/sim_driver.h"
