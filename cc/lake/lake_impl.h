@@ -90,14 +90,14 @@ struct Lake::Impl {
   // at hand: most frees in a row come from one stream. (Entries are never
   // erased, and an unordered_map's elements do not move.)
   StreamState& StreamOf(Stream s) {
-    if (last_state_ == nullptr || last_stream_ != s) {
-      last_state_ = &streams[s];
-      last_stream_ = s;
+    if (last_state == nullptr || last_stream != s) {
+      last_state = &streams[s];
+      last_stream = s;
     }
-    return *last_state_;
+    return *last_state;
   }
-  Stream last_stream_ = 0;
-  StreamState* last_state_ = nullptr;
+  Stream last_stream = 0;
+  StreamState* last_state = nullptr;
   Tag FreeTag(Stream s) { return Tag{s, ++StreamOf(s).free_seq}; }
   bool Safe(const Tag& t) const {
     if (t.seq == 0) return true;

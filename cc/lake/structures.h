@@ -93,7 +93,7 @@ class NodePool {
       free_[c] = *static_cast<void**>(p);
       return p;
     }
-    return Carve((c + 1) * 8);
+    return NewNode((c + 1) * 8);
   }
   void put(void* p, std::size_t bytes) {
     const std::size_t c = Class(bytes);
@@ -111,7 +111,7 @@ class NodePool {
   static std::size_t Class(std::size_t bytes) { return (bytes + 7) / 8 - 1; }
   // A new node of `size` bytes from the current block (a new one when it
   // has no room left; what the old one had left is not used).
-  void* Carve(std::size_t size) {
+  void* NewNode(std::size_t size) {
     if (left_ < size) {
       blocks_.push_back(::operator new(kBlock));
       next_ = static_cast<char*>(blocks_.back());

@@ -225,9 +225,9 @@ nb::dict RunReplay(const PyTrace& trace, const std::string& policy,
                    std::size_t timeline_points, bool timing,
                    std::size_t check_every, int timing_rounds) {
   std::string error;
-  std::unique_ptr<Policy> p = MakePolicy(policy, options, &error);
-  if (!p) throw nb::value_error(error.c_str());
-  p.reset();  // made once to check the options; each replay makes its own
+  // The first replay's policy; making it checks the options.
+  std::unique_ptr<Policy> first = MakePolicy(policy, options, &error);
+  if (!first) throw nb::value_error(error.c_str());
   if (timing_rounds < 1)
     throw nb::value_error(("timing_rounds must be at least 1, got " +
                            std::to_string(timing_rounds))
@@ -250,7 +250,13 @@ nb::dict RunReplay(const PyTrace& trace, const std::string& policy,
     std::string unused;
     // The lake's teardown is not part of the measurement (Replay destroys
     // each policy outside the timing).
-    r = Replay(*t, [&] { return MakePolicy(policy, options, &unused); }, ro);
+    r = Replay(
+        *t,
+        [&]() -> std::unique_ptr<Policy> {
+          if (first) return std::move(first);
+          return MakePolicy(policy, options, &unused);
+        },
+        ro);
   }
   nb::dict d;
   d["policy"] = r.policy;

@@ -23,6 +23,14 @@ using Clock = std::chrono::steady_clock;
 // costs 20-30 ns a read and moves in steps of about 10 ns, as coarse as
 // the calls it times; the time-stamp counter costs about 10 ns, in steps of
 // under 1 ns.
+// The steady clock, in ns.
+inline std::uint64_t SteadyNs() {
+  return static_cast<std::uint64_t>(
+      std::chrono::duration_cast<std::chrono::nanoseconds>(
+          Clock::now().time_since_epoch())
+          .count());
+}
+
 #if defined(__x86_64__)
 bool InvariantTsc() {
   unsigned a = 0, b = 0, c = 0, d = 0;
@@ -30,11 +38,7 @@ bool InvariantTsc() {
 }
 const bool kUseTsc = InvariantTsc();
 inline std::uint64_t Ticks() {
-  if (!kUseTsc)
-    return static_cast<std::uint64_t>(
-        std::chrono::duration_cast<std::chrono::nanoseconds>(
-            Clock::now().time_since_epoch())
-            .count());
+  if (!kUseTsc) return SteadyNs();
   _mm_lfence();  // the calls before have finished
   const std::uint64_t t = __rdtsc();
   _mm_lfence();  // the timed call starts after the read
@@ -42,12 +46,7 @@ inline std::uint64_t Ticks() {
 }
 #else
 const bool kUseTsc = false;
-inline std::uint64_t Ticks() {
-  return static_cast<std::uint64_t>(
-      std::chrono::duration_cast<std::chrono::nanoseconds>(
-          Clock::now().time_since_epoch())
-          .count());
-}
+inline std::uint64_t Ticks() { return SteadyNs(); }
 #endif
 
 // Ticks per ns: 1 for the steady clock, else measured once against it
@@ -107,9 +106,6 @@ struct CallTicks {
   std::vector<std::uint32_t> alloc, free;
 };
 
-ReplayResult ReplayOnce(const Trace& trace, Policy& policy,
-                        const ReplayOptions& options, CallTicks* ticks);
-
 void SummariseTimes(CallTicks* t, ReplayResult* r) {
   std::vector<std::uint32_t> all;
   all.reserve(t->alloc.size() + t->free.size());
@@ -120,43 +116,8 @@ void SummariseTimes(CallTicks* t, ReplayResult* r) {
   r->free_times = Summarise(&t->free);
 }
 
-}  // namespace
-
-double ClockOverheadNs() {
-  return static_cast<double>(OverheadTicks()) / TicksPerNs();
-}
-
-ReplayResult Replay(const Trace& trace, Policy& policy,
-                    const ReplayOptions& options) {
-  CallTicks ticks;
-  ReplayResult r = ReplayOnce(trace, policy, options, &ticks);
-  if (options.timing) SummariseTimes(&ticks, &r);
-  return r;
-}
-
-ReplayResult Replay(const Trace& trace, const PolicyFactory& make,
-                    const ReplayOptions& options) {
-  CallTicks ticks;
-  ReplayResult r;
-  {
-    std::unique_ptr<Policy> p = make();
-    r = ReplayOnce(trace, *p, options, &ticks);
-  }  // the policy's teardown is not timed
-  if (!options.timing) return r;
-  ReplayOptions again = options;
-  again.timeline_points = 0;
-  again.check_every = 0;
-  for (int round = 1; round < options.timing_rounds; ++round) {
-    std::unique_ptr<Policy> p = make();
-    ReplayOnce(trace, *p, again, &ticks);
-  }
-  r.timing_rounds = std::max(options.timing_rounds, 1);
-  SummariseTimes(&ticks, &r);
-  return r;
-}
-
-namespace {
-
+// One replay of the device's events; the timed calls' ticks are appended
+// to *ticks.
 ReplayResult ReplayOnce(const Trace& trace, Policy& policy,
                         const ReplayOptions& options, CallTicks* ticks) {
   ReplayResult r;
@@ -312,5 +273,34 @@ ReplayResult ReplayOnce(const Trace& trace, Policy& policy,
 }
 
 }  // namespace
+
+ReplayResult Replay(const Trace& trace, Policy& policy,
+                    const ReplayOptions& options) {
+  CallTicks ticks;
+  ReplayResult r = ReplayOnce(trace, policy, options, &ticks);
+  if (options.timing) SummariseTimes(&ticks, &r);
+  return r;
+}
+
+ReplayResult Replay(const Trace& trace, const PolicyFactory& make,
+                    const ReplayOptions& options) {
+  CallTicks ticks;
+  ReplayResult r;
+  {
+    std::unique_ptr<Policy> p = make();
+    r = ReplayOnce(trace, *p, options, &ticks);
+  }  // the policy's teardown is not timed
+  if (!options.timing) return r;
+  ReplayOptions again = options;
+  again.timeline_points = 0;
+  again.check_every = 0;
+  for (int round = 1; round < options.timing_rounds; ++round) {
+    std::unique_ptr<Policy> p = make();
+    ReplayOnce(trace, *p, again, &ticks);
+  }
+  r.timing_rounds = std::max(options.timing_rounds, 1);
+  SummariseTimes(&ticks, &r);
+  return r;
+}
 
 }  // namespace jaxlake::replay

@@ -108,11 +108,6 @@ using PolicyFactory = std::function<std::unique_ptr<Policy>()>;
 ReplayResult Replay(const Trace& trace, const PolicyFactory& make,
                     const ReplayOptions& options);
 
-// The cost of one read of the clock that times calls, in ns (median of
-// many pairs): the time-stamp counter where it is invariant, else the
-// steady clock.
-double ClockOverheadNs();
-
 }  // namespace jaxlake::replay
 
 #endif  // JAXLAKE_REPLAY_ENGINE_H_

@@ -597,16 +597,20 @@ TEST(jaxlake_policy_stitches_scattered_free_memory) {
 
 // ---- the engine --------------------------------------------------------------
 
-TEST(engine_measures_utilisation_waste_and_calls) {
-  // Live bytes: 3 MiB, 3 MiB + 1000, then 1000, 1000 + 5 MiB.
-  // BFC: 3 MiB -> a 4 MiB region (2 MiB raised to 4), not split (4 < 6);
-  // 1000 B -> a second 4 MiB region; after the free, 5 MiB fits no free
-  // chunk -> an 8 MiB region. Peak reserved 16 MiB, peak live 5 MiB + 1000.
-  const Trace t = Jsonl(
+// Live bytes: 3 MiB, 3 MiB + 1000, then 1000, 1000 + 5 MiB.
+Trace FourEvents() {
+  return Jsonl(
       "{\"t\":0,\"op\":\"alloc\",\"id\":1,\"size\":3145728}\n"
       "{\"t\":1,\"op\":\"alloc\",\"id\":2,\"size\":1000}\n"
       "{\"t\":2,\"op\":\"free\",\"id\":1}\n"
       "{\"t\":3,\"op\":\"alloc\",\"id\":3,\"size\":5242880}\n");
+}
+
+TEST(engine_measures_utilisation_waste_and_calls) {
+  // BFC: 3 MiB -> a 4 MiB region (2 MiB raised to 4), not split (4 < 6);
+  // 1000 B -> a second 4 MiB region; after the free, 5 MiB fits no free
+  // chunk -> an 8 MiB region. Peak reserved 16 MiB, peak live 5 MiB + 1000.
+  const Trace t = FourEvents();
   REQUIRE(t.ok());
   auto p = Make("bfc");
   ReplayOptions ro;
@@ -633,11 +637,7 @@ TEST(engine_measures_utilisation_waste_and_calls) {
 // the call times of all rounds are pooled, every other figure is the first
 // round's, and the clock that times calls costs a sane amount.
 TEST(engine_pools_the_call_times_of_several_rounds) {
-  const Trace t = Jsonl(
-      "{\"t\":0,\"op\":\"alloc\",\"id\":1,\"size\":3145728}\n"
-      "{\"t\":1,\"op\":\"alloc\",\"id\":2,\"size\":1000}\n"
-      "{\"t\":2,\"op\":\"free\",\"id\":1}\n"
-      "{\"t\":3,\"op\":\"alloc\",\"id\":3,\"size\":5242880}\n");
+  const Trace t = FourEvents();
   REQUIRE(t.ok());
   int made = 0;
   const PolicyFactory make = [&] {

@@ -447,7 +447,9 @@ def replay(trace: Trace, policy: str,
     sizes = {d: device_bytes(live[d], caps.get(d)) for d in devices}
     if rounds is not None and rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
-    parts = [_one(trace, policy, _options(sizes[d], options, latency), d,
+    device_options = {d: _options(sizes[d], options, latency)
+                      for d in devices}
+    parts = [_one(trace, policy, device_options[d], d,
                   timeline_points, timing, check_every,
                   rounds or timing_rounds(counts[d])) for d in devices]
     for p in parts:
@@ -504,8 +506,9 @@ def replay(trace: Trace, policy: str,
         latency_source=latency.source if latency else "defaults",
         timing_rounds=int(main["timing_rounds"]))
     result.device_memory = max(sizes.values())
-    gran = int(_options(1 << 30, options).granularity)
-    result.min_reserved = sum(-(-live[d] // gran) * gran for d in devices)
+    gran = {d: int(device_options[d].granularity) for d in devices}
+    result.min_reserved = sum(-(-live[d] // gran[d]) * gran[d]
+                              for d in devices)
     if first_oom is not None:  # the device itself is too small
         result.oom = _oom(first_oom)
     if cap is None:
