@@ -5,45 +5,53 @@
 //
 // Read at openxla/xla 050c3958f8a33c32a8ecc861585c8a0d977c3756:
 //   docs/gpu_bfc_growth.md (the layout, the growth policy and its settings)
+//   xla/tsl/framework/bfc_allocator.cc (BFCAllocator::Extend, its spatial
+//     growth branch; the BFC rules themselves as bfc.cc models them)
 //   xla/stream_executor/cuda/cuda_contiguous_sub_allocator.cc
 //     (CreateCudaContiguousSubAllocator: one reservation of the whole cap,
 //     recommended granularity, a headroom check before each allocation)
-// and the BFC of xla/tsl/framework/bfc_allocator.cc (as bfc.cc models it).
+//   xla/stream_executor/integrations/contiguous_sub_allocator.cc
+//     (ContiguousSubAllocator::Alloc, read at
+//     f0776532eeca0372f656f1e14f282d859ff4529a: each extension rounded up to the granularity, mapped at the end of
+//     the mapped prefix, refused past the cap)
 //
 // The modelling choices, each with where it comes from:
-//   * One reservation of the whole cap, made once (cuMemAddressReserve:
-//     CreateCudaContiguousSubAllocator reserves `capacity` rounded down to
-//     the granularity). The model's cap is the device capacity: the
-//     headroom the doc keeps outside the arena (1 GiB by default) is taken
-//     as already subtracted, the reading most favourable to XLA.
+//   * One reservation of the whole cap, made once (cuMemAddressReserve;
+//     CreateCudaContiguousSubAllocator). The model's cap is the device
+//     capacity: the headroom the doc keeps outside the arena (1 GiB by
+//     default) is taken as already subtracted, the reading most favourable
+//     to XLA.
 //   * Growth appends physical memory at the end of the mapped prefix and
-//     never remaps, relocates or releases it (docs/gpu_bfc_growth.md,
-//     "Layout and invariants": mappings are only appended; "Growth
-//     policy": freeing does not shrink the arena). Each extension is one
-//     cuMemCreate + cuMemMap + cuMemSetAccess.
-//   * Extension size (docs/gpu_bfc_growth.md, "Growth policy"): start at
-//     the increment (XLA_PJRT_GPU_BFC_GROWTH_INCREMENT_BYTES, 64 MiB) and
-//     double until it covers the missing capacity, counting a free chunk at
-//     the end of the arena as reusable tail space; rounded to the mapping
-//     granularity. When that does not fit under the cap, "BFC tries smaller
-//     extensions": the model takes the largest that fits, if it still
-//     covers the missing bytes (most favourable: no smaller try fails
-//     where a larger one would succeed).
-//   * The initial shared allocation (XLA_PYTHON_CLIENT_MEM_FRACTION of the
-//     device, mapped on the first request) is the user's choice; the model
-//     gives it the size of a first extension, the smallest a user could
-//     pick and so the most favourable to XLA's memory figures.
-//   * Chunks coalesce across extension boundaries: the range is one BFC
-//     region whose end moves (docs/gpu_bfc_growth.md: extensions are
-//     "coalesced" with the range's free space), unlike the separate
-//     cudaMalloc regions of classic BFC, which never merge.
+//     never remaps, relocates or releases it (ContiguousSubAllocator::Alloc;
+//     docs/gpu_bfc_growth.md, "Layout and invariants"). Each extension is
+//     one cuMemCreate + cuMemMap + cuMemSetAccess.
+//   * Extension size (BFCAllocator::Extend): the candidate is reset to the
+//     increment (XLA_PJRT_GPU_BFC_GROWTH_INCREMENT_BYTES, 64 MiB) at every
+//     extension and doubled until it covers the missing bytes: the request
+//     less a free chunk at the end of the arena (the tail), or 256 bytes
+//     when the tail covers it; it fails when the missing bytes exceed the
+//     memory left under the cap, and is cut to that memory otherwise;
+//     ContiguousSubAllocator::Alloc rounds it up to the granularity. The
+//     0.9x back-off of Extend runs only when the sub-allocator refuses
+//     (the headroom check), which the model's cap never does.
+//   * The initial region (Options::initial_region_bytes, from
+//     XLA_PYTHON_CLIENT_MEM_FRACTION, allocated in full on the first
+//     request) is the user's choice; the model gives it the increment, the
+//     smallest a user would pick and the most favourable to XLA's memory
+//     figures (a region of the whole cap would make it BFC over one
+//     region, which the growth reaches anyway).
+//   * Chunks coalesce across extension boundaries: the sub-allocator
+//     supports coalescing, so Extend extends the one region and links the
+//     new chunk after its last (AddOrExtendAllocationRegion, TryToCoalesce),
+//     unlike the separate cudaMalloc regions of classic BFC, which never
+//     merge.
 //   * Only the default memory space S(0) is replayed (traces hold no
-//     collective S(1) buffers), so the doc's shared gap and its reserve
+//     collective S(1) buffers), so the shared gap and its reserve
 //     (XLA_PJRT_GPU_BFC_COLLECTIVE_GAP_RESERVE_BYTES, 0 by default) do not
 //     arise. The doc's "descending equal-size hole selection" for S(0)
 //     breaks ties between free chunks of the same size by address; the
-//     model keeps BFC's lowest-address tie break (same size, so the same
-//     bytes are used either way).
+//     model keeps BFC's lowest-address tie break (chunks of the same size,
+//     so the same bytes are used either way).
 #include <algorithm>
 #include <memory>
 
