@@ -400,8 +400,9 @@ def replay_command(args: argparse.Namespace,
                 continue
             odd = (" (not monotone: a smaller capacity ran where a larger "
                    "one failed)") if r.fit_nonmonotone else ""
+            per = " per device (the largest)" if r.devices > 1 else ""
             out.write(f"{r.policy}: fit capacity "
-                      f"{format_bytes(r.fit_capacity)}, U_fit "
+                      f"{format_bytes(r.fit_capacity)}{per}, U_fit "
                       f"{r.u_fit or 0:.3f}; there {r.fit_memory_calls} "
                       f"driver calls, {bench.format_ns(r.fit_driver_ms * 1e6)}"
                       f" modelled driver time, {r.fit_steady_calls} in the "
