@@ -2,7 +2,9 @@
 // the fit-capacity search, on small hand-made sequences whose answers are
 // worked out in the comments (2 MiB granules throughout).
 #include <memory>
+#include <random>
 #include <string>
+#include <vector>
 
 #include "cc/replay/engine.h"
 #include "cc/replay/fit.h"
@@ -267,6 +269,58 @@ TEST(fit_capacity_fails_one_granule_below_for_every_policy) {
   std::string error;
   CHECK(!FitCapacity(t, "nope", PolicyOptions{}, FitOptions{}, &f, &error));
   CHECK(error.find("unknown policy") != std::string::npos);
+}
+
+TEST(fit_capacity_matches_a_scan_of_every_granule) {
+  // A random trace; for every policy, every capacity from the peak live
+  // bytes up to the search's answer is replayed: the smallest that runs
+  // is the answer, and none below the boundary the search checked runs
+  // unless the result says it was not monotone.
+  std::mt19937_64 rng(11);
+  std::string body;
+  std::vector<int> live;
+  int next = 1;
+  for (int i = 0; i < 300; ++i) {
+    if (live.empty() || (live.size() < 24 && rng() % 100 < 60)) {
+      const std::uint64_t size = 1 + rng() % (9u << 20);
+      body += "{\"t\": " + std::to_string(i) + ", \"op\": \"alloc\", "
+              "\"id\": " + std::to_string(next) + ", \"size\": " +
+              std::to_string(size) + "}\n";
+      live.push_back(next++);
+    } else {
+      const std::size_t k = rng() % live.size();
+      body += "{\"t\": " + std::to_string(i) + ", \"op\": \"free\", "
+              "\"id\": " + std::to_string(live[k]) + "}\n";
+      live[k] = live.back();
+      live.pop_back();
+    }
+  }
+  const Trace t = Jsonl(body);
+  REQUIRE(t.ok());
+  for (const std::string& name : jaxlake::replay::PolicyNames()) {
+    FitResult f;
+    std::string error;
+    CHECK(FitCapacity(t, name, PolicyOptions{}, FitOptions{}, &f, &error));
+    REQUIRE(f.found);
+    const std::uint64_t gran = 2 * kMiB;
+    std::uint64_t smallest = 0;
+    for (std::uint64_t g = (f.peak_live + gran - 1) / gran;
+         g * gran <= f.capacity; ++g) {
+      PolicyOptions o;
+      o.capacity = g * gran;
+      auto p = Make(name, o);
+      jaxlake::replay::ReplayOptions ro;
+      ro.timing = false;
+      ro.timeline_points = 0;
+      if (!jaxlake::replay::Replay(t, *p, ro).oom) {
+        smallest = g * gran;
+        break;
+      }
+    }
+    if (smallest != f.capacity) CHECK_EQ(name + " " + std::to_string(smallest),
+                                         name + " " +
+                                             std::to_string(f.capacity));
+  }
 }
 
 }  // namespace
