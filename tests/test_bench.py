@@ -65,7 +65,7 @@ def test_bench_table_comparisons_and_outputs(
     out_dir = tmp_path / "out"
     plots = [] if has_matplotlib() else ["--no-plots"]
     code, out = run(["bench", "--suite", str(suite), "--out", str(out_dir),
-                     "--no-progress"] + plots)
+                     "--no-progress", "--wide"] + plots)
     assert code == 0, out
     for name in ("synthetic-eager", "synthetic-kv", "synthetic-layers",
                  "synthetic-xla-steps"):
@@ -252,7 +252,7 @@ def test_units_follow_the_magnitude(tmp_path: pathlib.Path) -> None:
     assert bench.format_ns(1250) == "1.25 us"
     assert bench.format_ns(31.0e6) == "31.0 ms"
     path = small_trace(tmp_path / "small.jsonl")
-    code, out = run(["replay", str(path), "-p", "jaxlake"])
+    code, out = run(["replay", str(path), "-p", "jaxlake", "--wide"])
     assert code == 0
     row = [line for line in out.splitlines() if line.startswith("small")][0]
     # 5 MiB live, a small W: each in its own unit, never "0.00 GiB"
