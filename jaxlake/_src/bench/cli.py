@@ -387,7 +387,8 @@ def replay_command(args: argparse.Namespace,
               + "\n\n")
     for r in results:
         if r.oom is not None:
-            out.write(f"{r.policy}: {r.oom.describe()}\n")
+            out.write(columns.wrap_lines(f"{r.policy}: {r.oom.describe()}")
+                      + "\n")
         elif r.capacity is not None:
             out.write(f"{r.policy}: fits the capacity (peak reserved "
                       f"{format_bytes(r.peak_reserved)})\n")

@@ -225,14 +225,17 @@ def _width(text: str) -> int:
     return max((len(line) for line in text.splitlines()), default=0)
 
 
-def legend(columns: Sequence[Column], width: int) -> str:
-    """What the shown columns mean, wrapped to `width`."""
+def legend(columns: Sequence[Column], width: int,
+           summary: bool = True) -> str:
+    """What the shown columns mean (and the geomean rows', with
+    `summary`), wrapped to `width`."""
     text = "; ".join(f"{c.name}: {c.meaning}" for c in columns)
     used = {c.mark for c in columns}
     marks = [f"{m} {what}" for m, what in (("*", "mean"), ("+", "total"))
              if m in used]
-    text += "; the geomean rows give geometric means over the suite" + (
-        " (" + ", ".join(marks) + ")" if marks else "")
+    if summary:
+        text += "; the geomean rows give geometric means over the suite" + (
+            " (" + ", ".join(marks) + ")" if marks else "")
     return textwrap.fill(text, width=max(40, width))
 
 
@@ -290,8 +293,9 @@ def render(suite: Sequence["TraceResults"], wide: bool = False,
         note = "\n" + textwrap.fill(
             f"Narrow layout for a {width}-column terminal; left out: "
             + ", ".join(left_out) + " (--wide shows every column; "
-            "results.json and --json have every figure).",
+            + ("results.json has" if summary else "--json has")
+            + " every figure).",
             width=max(40, text_width))
     policies = [r.policy for r in suite[0].results] if suite else []
-    return (table + "\n\n" + legend(shown, text_width) + note + "\n\n"
+    return (table + "\n\n" + legend(shown, text_width, summary) + note + "\n\n"
             + policy_lines(policies, text_width))

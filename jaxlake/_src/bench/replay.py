@@ -540,7 +540,7 @@ def _result(trace: Trace, policy: str, parts: Sequence[Dict[str, Any]],
     wall = sum(p["wall_s"] for p in parts)
     peak_live = total("peak_live")
     peak_reserved = total("peak_reserved")
-    t_event, t_live, t_reserved = _merge_timelines(parts)
+    t_event, t_live, t_reserved = _merge_timelines(list(parts))
     result = ReplayResult(
         trace=trace.name, policy=policy, devices=len(parts), events=events,
         allocs=total("allocs"), frees=total("frees"), peak_live=peak_live,

@@ -68,6 +68,7 @@ from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
 
 from jaxlake._src.errors import JaxlakeError
 from jaxlake._src.options import format_bytes
+from jaxlake._src.quiet import quiet_cuda_stub
 
 #: Bundled GPU target configs, by name (jaxlake/_src/trace/data/NAME.txtpb).
 DEFAULT_TARGET = "h100_sxm"
@@ -154,9 +155,10 @@ def gpu_devices(count: int, target: str = DEFAULT_TARGET) -> List[Any]:
         from jax.experimental import topologies
         spec = target_config(target)
         try:
-            topo = topologies.get_topology_desc(
-                platform="cuda", topology_name="", target_config=spec,
-                topology=f"1x1x{count}")
+            with quiet_cuda_stub():  # the plugin's "no driver" lines
+                topo = topologies.get_topology_desc(
+                    platform="cuda", topology_name="", target_config=spec,
+                    topology=f"1x1x{count}")
         except Exception as e:  # the plugin missing, or refusing
             raise RecorderError(
                 "device-less CUDA compilation is not available: "
