@@ -231,6 +231,7 @@ def test_run_with_a_bad_option_warns_at_start_and_end(
     assert "JAXLAKE_CAPACITY='banana' is invalid" in err
     assert "or None" not in err
     assert "the lake is NOT active" in err and "--required" in err
+    assert "jaxlake run: option capacity: environment variable" in err
     # ... and again once the program has ended, after its output.
     assert err.rstrip().splitlines()[-1].startswith(
         "jaxlake: WARNING: this program ran WITHOUT the lake")

@@ -91,8 +91,8 @@ def _run(args: argparse.Namespace) -> int:
             print(f"jaxlake run: error: {error}\njaxlake run: --required: "
                   "the program was not run", file=sys.stderr)
             return 1
-        sys.stderr.write(startup.without_lake(str(error), "jaxlake run",
-                                              "--required"))
+        sys.stderr.write(f"jaxlake run: {error}\n" + startup.without_lake(
+            "jaxlake run", "--required"))
         return _run_without_lake(argv, str(error))
     sys.stdout.flush()
     sys.stderr.flush()

@@ -28,20 +28,21 @@ def wanted(environ: Optional[Mapping[str, str]] = None) -> bool:
     return bool(ours)
 
 
-def without_lake(reason: str, asked: str, required: str) -> str:
-    """The warning for a program that asked for the lake (`asked`, e.g.
-    "JAXLAKE=1") and runs without it: what went wrong and how to make it
-    fatal (`required`)."""
+def without_lake(asked: str, required: str) -> str:
+    """The warning, after the line that says why, for a program that asked
+    for the lake (`asked`, e.g. "JAXLAKE=1") and runs without it, with how
+    to make that fatal (`required`)."""
     return (f"jaxlake: WARNING: {asked} asked for the lake, but the lake is "
-            f"NOT active: {reason}\n"
-            "jaxlake: WARNING: the program runs with XLA's own allocator; "
-            f"{required} makes this an error instead\n")
+            "NOT active (see above): the program runs with XLA's own "
+            f"allocator; {required} makes this an error instead\n")
 
 
-def reminder(reason: str) -> str:
+def reminder(reason: str, limit: int = 100) -> str:
     """The line said again when such a program ends."""
-    return (f"jaxlake: WARNING: this program ran WITHOUT the lake "
-            f"({xla.short_reason(reason)})\n")
+    first = reason.splitlines()[0] if reason else "unknown"
+    if len(first) > limit:
+        first = first[:limit - 3] + "..."
+    return f"jaxlake: WARNING: this program ran WITHOUT the lake: {first}\n"
 
 
 def _remind_at_exit(reason: str) -> None:
@@ -78,13 +79,12 @@ def run() -> Optional[xla.Status]:
             # start-up. Nothing else has run yet to need a clean exit.
             sys.stderr.flush()
             os._exit(1)
-        sys.stderr.write(without_lake(str(error), asked,
-                                      f"{xla.REQUIRED_ENV}=1"))
+        sys.stderr.write(f"jaxlake: {error}\n")
+        sys.stderr.write(without_lake(asked, f"{xla.REQUIRED_ENV}=1"))
         _remind_at_exit(str(error))
         return None
     if not status.active:
         sys.stderr.write(f"{status}\n")
-        sys.stderr.write(without_lake(status.reason, asked,
-                                      f"{xla.REQUIRED_ENV}=1"))
-        _remind_at_exit(status.reason)
+        sys.stderr.write(without_lake(asked, f"{xla.REQUIRED_ENV}=1"))
+        _remind_at_exit(xla.short_reason(status.reason))
     return status
