@@ -93,9 +93,10 @@ def _add_policy(p: argparse.ArgumentParser) -> None:
 def _add_wide(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--wide", action="store_true",
-        help="print every column, whatever the terminal's width (by "
-             "default a table wider than the terminal is printed in a "
-             "narrow layout that names the columns it leaves out)")
+        help="print every column and unwrapped lines, whatever the "
+             "terminal's width (by default a table wider than the terminal "
+             "is printed in a narrow layout that names the columns it "
+             "leaves out, and long lines are wrapped)")
 
 
 def register(commands: Any) -> None:
@@ -294,7 +295,8 @@ def bench_command(args: argparse.Namespace,
         return EXIT_INPUT
     progress.close()
     cap = f"; capacity {args.capacity}" if args.capacity else ""
-    wrap = columns.wrap_lines
+    def wrap(text: str, hang: int = 4) -> str:  # --wide: lines as they are
+        return text if args.wide else columns.wrap_lines(text, hang=hang)
     out.write(wrap(f"jaxlake bench: {len(suite)} trace(s) from {source}, "
                    f"{len(policies)} policies{cap}") + "\n\n")
     out.write(columns.render(suite, wide=args.wide) + "\n\n")
@@ -387,7 +389,8 @@ def replay_command(args: argparse.Namespace,
               + "\n\n")
     for r in results:
         if r.oom is not None:
-            out.write(columns.wrap_lines(f"{r.policy}: {r.oom.describe()}")
+            line = f"{r.policy}: {r.oom.describe()}"
+            out.write((line if args.wide else columns.wrap_lines(line))
                       + "\n")
         elif r.capacity is not None:
             out.write(f"{r.policy}: fits the capacity (peak reserved "
