@@ -168,7 +168,7 @@ def test_version_is_the_distribution_version() -> None:
 def test_recorder_names_the_record_extra(monkeypatch: Any) -> None:
     from importlib import metadata
 
-    from jaxlake._src.trace import recorder
+    from jaxlake._src.trace import gpu, recorder
     versions = {"jaxlib": "0.10.2"}
 
     def version(dist: str) -> str:
@@ -177,7 +177,7 @@ def test_recorder_names_the_record_extra(monkeypatch: Any) -> None:
         raise metadata.PackageNotFoundError(dist)
 
     monkeypatch.setattr(metadata, "version", version)
-    monkeypatch.setattr(recorder, "_TOPOLOGIES", {})
+    monkeypatch.setattr(gpu, "_TOPOLOGIES", {})
     with pytest.raises(recorder.RecorderError) as info:
         recorder.gpu_devices(1)
     assert "pip install 'jaxlake[record]'" in str(info.value)

@@ -29,7 +29,7 @@ if not xla_bridge.backends_are_initialized():
     jax.config.update("jax_platforms", "cpu")
 import numpy as np  # noqa: E402
 
-from jaxlake._src.trace import recorder  # noqa: E402
+from jaxlake._src.trace import gpu, recorder  # noqa: E402
 from jaxlake._src.trace.tracefile import read_trace  # noqa: E402
 
 
@@ -237,7 +237,7 @@ def test_per_tensor_variant(tmp_path: Path) -> None:
 
 def test_per_tensor_needs_flags_before_jax_starts(tmp_path: Path) -> None:
     jax.devices()  # the backend is up in this process
-    if recorder._DUMP_DIR is not None:
+    if gpu._DUMP_DIR is not None:
         pytest.skip("dumps were turned on earlier in this process")
     with pytest.raises(recorder.RecorderError, match="before the first jax"):
         recorder.Recorder(str(tmp_path / "x.jsonl"), "x", per_tensor=True)

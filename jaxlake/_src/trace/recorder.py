@@ -55,10 +55,7 @@ SPMD program allocates the same sequence, shard sizes aside.
 from __future__ import annotations
 
 import dataclasses
-import glob
 import os
-import re
-import tempfile
 import threading
 import time
 import weakref
@@ -66,111 +63,19 @@ from contextlib import nullcontext
 from typing import (Any, Callable, Dict, List, Mapping, Optional, Sequence,
                     Set, Tuple)
 
-from jaxlake._src.errors import JaxlakeError
 from jaxlake._src.options import format_bytes
-from jaxlake._src.quiet import quiet_cuda_stub
+# The device-less compile and what is read from XLA's dumps live apart;
+# their names are the recorder's too.
+from jaxlake._src.trace.gpu import (  # noqa: F401
+    DEFAULT_TARGET, PLUGINS, RecorderError, _enable_dumps,
+    enable_per_tensor_dumps, gpu_devices, plugin_problem, target_config,
+    target_names)
+from jaxlake._src.trace.xladump import (  # noqa: F401
+    Executable, LogicalBuffer, _align, _hlo_aliases, _hlo_output_shapes,
+    parse_buffer_assignment, shard_bytes)
 
-#: Bundled GPU target configs, by name (jaxlake/_src/trace/data/NAME.txtpb).
-DEFAULT_TARGET = "h100_sxm"
-_DATA = os.path.join(os.path.dirname(__file__), "data")
 #: Bytes per entry of the output tuple table XLA's GPU runtime allocates.
 _TUPLE_ENTRY_BYTES = 8
-
-
-class RecorderError(JaxlakeError, RuntimeError):
-    """The recorder cannot do what was asked (missing plugin, bad mesh...)."""
-
-
-def target_names() -> List[str]:
-    """Names of the bundled GPU target configs."""
-    return sorted(os.path.basename(p)[:-len(".txtpb")]
-                  for p in glob.glob(os.path.join(_DATA, "*.txtpb")))
-
-
-def target_config(target: str = DEFAULT_TARGET) -> str:
-    """The text of a GPU target config: a bundled name or a file path."""
-    if os.path.sep in target or target.endswith(".txtpb"):
-        path = target
-    else:
-        path = os.path.join(_DATA, target + ".txtpb")
-        if not os.path.exists(path):
-            raise RecorderError(
-                f"unknown GPU target {target!r}: bundled targets are "
-                f"{', '.join(target_names())}, or pass the path of a "
-                ".txtpb GPU target config")
-    try:
-        with open(path, encoding="utf-8") as f:
-            return f.read()
-    except OSError as e:
-        raise RecorderError(f"cannot read GPU target config {path}: "
-                            f"{e.strerror or e}") from None
-
-
-_TOPOLOGIES: Dict[Tuple[str, int], List[Any]] = {}
-
-
-#: What `pip install 'jaxlake[record]'` brings: the CUDA plugin and PJRT
-#: at jaxlib's version (either CUDA major version serves).
-PLUGINS = (("jax-cuda12-plugin", "jax-cuda12-pjrt"),
-           ("jax-cuda13-plugin", "jax-cuda13-pjrt"))
-
-
-def plugin_problem() -> Optional[str]:
-    """Why device-less CUDA compilation cannot work in this environment
-    (a plugin package missing, or not at jaxlib's version), or None."""
-    from importlib import metadata
-
-    def version(dist: str) -> Optional[str]:
-        try:
-            return metadata.version(dist)
-        except metadata.PackageNotFoundError:
-            return None
-
-    jaxlib = version("jaxlib")
-    if jaxlib is None:
-        return "jaxlib is not installed"
-    found = [(names, [version(n) for n in names]) for names in PLUGINS]
-    for names, versions in found:
-        if all(v == jaxlib for v in versions):
-            return None
-    for names, versions in found:
-        if any(versions):
-            return ", ".join(f"{n} {v or 'missing'}"
-                             for n, v in zip(names, versions)) + \
-                f" with jaxlib {jaxlib}: they must be jaxlib's version"
-    return "the CUDA plugin (jax-cuda12-plugin, jax-cuda12-pjrt) is not " \
-        "installed"
-
-
-def gpu_devices(count: int, target: str = DEFAULT_TARGET) -> List[Any]:
-    """`count` compile-only CUDA devices for `target` (cached)."""
-    key = (target, count)
-    if key not in _TOPOLOGIES:
-        problem = plugin_problem()
-        if problem is not None:
-            raise RecorderError(
-                f"the recorder compiles for the GPU without one, through "
-                f"JAX's CUDA plugin, and {problem}: pip install "
-                "'jaxlake[record]' (no GPU or NVIDIA library needed)")
-        from jax.experimental import topologies
-        spec = target_config(target)
-        try:
-            with quiet_cuda_stub():  # the plugin's "no driver" lines
-                topo = topologies.get_topology_desc(
-                    platform="cuda", topology_name="", target_config=spec,
-                    topology=f"1x1x{count}")
-        except Exception as e:  # the plugin missing, or refusing
-            raise RecorderError(
-                "device-less CUDA compilation is not available: "
-                f"{type(e).__name__}: {e}. The recorder needs "
-                "jax-cuda12-plugin and jax-cuda12-pjrt of the same version "
-                "as jaxlib: pip install 'jaxlake[record]'; no GPU or "
-                "driver is needed, but without one JAX_PLATFORMS=cpu (or "
-                "jax.config.update('jax_platforms', 'cpu')) must be set "
-                "before jax starts, or the CUDA plugin fails its driver "
-                "check and is not loaded") from None
-        _TOPOLOGIES[key] = list(topo.devices)
-    return _TOPOLOGIES[key]
 
 
 class Abstract:
@@ -194,125 +99,6 @@ class Abstract:
         return f"Abstract({self.shape}, {self.dtype})"
 
 
-# -- XLA dumps (per-tensor variant) ------------------------------------------
-
-_ALLOCATION = re.compile(r"^allocation (\d+): size (\d+)(.*):\s*$")
-_VALUE = re.compile(
-    r"^\s*value: <\d+ (\S+) @\d+> \(size=(\d+),offset=(\d+)\): (.*)$")
-_RANGE = re.compile(r"^\s*(\S+):(\d+)-(\d+)\s*$")
-_MAX = re.compile(r"HloLiveRange \(max (\d+)\)")
-
-
-@dataclasses.dataclass
-class LogicalBuffer:
-    """One logical buffer of a compiled module's temp memory."""
-
-    name: str
-    size: int
-    start: int      # schedule position where it is defined
-    end: int        # last position that uses it (inclusive)
-
-
-def parse_buffer_assignment(assignment: str, live_range: str
-                            ) -> List[LogicalBuffer]:
-    """The temporaries of one launch as separate tensors, from XLA's
-    *-buffer-assignment.txt and *-live-range.txt dumps.
-
-    Every value of the preallocated temp allocation is one tensor; so is
-    every value of an output allocation that dies before the end of the
-    program (XLA reuses an output's buffer for earlier temporaries).
-    Parameters, the outputs themselves, thread-local scratch and tuple
-    index tables are left out (the per-execution model covers them)."""
-    match = _MAX.search(live_range)
-    end_of_program = int(match.group(1)) if match else 0
-    ranges: Dict[str, Tuple[int, int]] = {}
-    in_ranges = False
-    for line in live_range.splitlines():
-        if line.strip() == "BufferLiveRange:":
-            in_ranges = True
-            continue
-        if in_ranges:
-            m = _RANGE.match(line)
-            if not m:
-                if line.strip() and not line.startswith("    "):
-                    break
-                if line.strip().startswith("Live ranges"):
-                    break
-                continue
-            ranges[m.group(1)] = (int(m.group(2)), int(m.group(3)))
-    buffers: List[LogicalBuffer] = []
-    kind = ""
-    for line in assignment.splitlines():
-        m = _ALLOCATION.match(line)
-        if m:
-            attrs = m.group(3)
-            if "parameter" in attrs or "thread-local" in attrs \
-                    or "constant" in attrs:
-                kind = "skip"
-            elif "preallocated-temp" in attrs:
-                kind = "temp"
-            elif "maybe-live-out" in attrs or "output shape" in attrs:
-                kind = "out"
-            else:
-                kind = "temp"
-            continue
-        v = _VALUE.match(line)
-        if not v or kind == "skip":
-            continue
-        name, size, shape = v.group(1), int(v.group(2)), v.group(4)
-        if shape.startswith("(") or size <= 0:
-            continue  # a tuple index table
-        key = name if name.endswith("}") else name + "{}"
-        if key not in ranges:
-            continue
-        start, end = ranges[key]
-        if kind == "out" and end >= end_of_program:
-            continue  # the output itself
-        buffers.append(LogicalBuffer(name, size, start, end))
-    return buffers
-
-
-# -- compiled executables ----------------------------------------------------
-
-_ALIAS_HEADER = re.compile(r"input_output_alias=\{(.*?)\}, [a-z_]+=")
-_ALIAS_ENTRY = re.compile(
-    r"\{([\d,\s]*)\}:\s*\((\d+),\s*\{([\d,\s]*)\},\s*(?:may|must)-alias\)")
-
-
-@dataclasses.dataclass
-class Executable:
-    """What the recorder knows about one compiled function signature."""
-
-    name: str
-    temp: int                       # bytes of the launch's temp buffer
-    out_sizes: List[int]            # device-0 bytes of each flat output
-    aliases: Dict[int, int]         # flat output index -> flat arg index
-    tuple_bytes: int                # the output tuple table (0: none)
-    out_info: Any                   # pytree of ShapeDtypeStruct (GPU)
-    donated: Tuple[int, ...] = ()   # flat indices of donated arguments
-    tensors: Optional[List[LogicalBuffer]] = None  # per-tensor variant
-    stats: Optional[Any] = None     # memory_analysis()
-
-
-def _hlo_aliases(hlo_header: str) -> List[Tuple[int, int]]:
-    """(output index, parameter number) pairs of an HLO module header."""
-    m = _ALIAS_HEADER.search(hlo_header)
-    if not m:
-        return []
-    pairs = []
-    for out, param, param_index in _ALIAS_ENTRY.findall(m.group(1)):
-        out_index = [int(x) for x in out.replace(" ", "").split(",") if x]
-        index = [int(x) for x in param_index.replace(" ", "").split(",")
-                 if x]
-        if len(out_index) > 1:
-            continue  # nested tuples: jax does not produce them
-        number = int(param)
-        if index:  # tuple_args: every argument in one tuple parameter
-            number = index[0]
-        pairs.append((out_index[0] if out_index else 0, number))
-    return pairs
-
-
 def _replicated() -> Any:
     from jax.sharding import PartitionSpec
     spec: Any = PartitionSpec
@@ -331,69 +117,6 @@ def _on_gpu(sharding: Any) -> bool:
     except (AttributeError, StopIteration, TypeError):
         return False
     return getattr(device, "platform", "") in ("cuda", "gpu", "rocm")
-
-
-_HLO_ARRAY = re.compile(r"\b[a-z]+\d*\[([\d,]*)\]")
-
-
-def _hlo_output_shapes(hlo_header: str) -> List[Tuple[int, ...]]:
-    """Shapes of the entry computation's outputs, from its layout."""
-    m = re.search(r"entry_computation_layout=\{\(.*?\)->(.*?)\}, [a-z_]+=",
-                  hlo_header)
-    if not m:
-        return []
-    return [tuple(int(d) for d in dims.split(",") if d)
-            for dims in _HLO_ARRAY.findall(m.group(1))]
-
-
-def _align(hlo: List[Tuple[int, ...]], ours: List[Tuple[int, ...]]
-           ) -> Dict[int, int]:
-    """Executable output index -> jax output index, in order, by shape."""
-    if len(hlo) == len(ours):
-        return {i: i for i in range(len(hlo))}
-    where, j = {}, 0
-    for i, shape in enumerate(hlo):
-        while j < len(ours) and ours[j] != shape:
-            j += 1
-        if j == len(ours):
-            break
-        where[i] = j
-        j += 1
-    return where
-
-
-def _itemsize(dtype: Any) -> int:
-    import numpy as np
-    try:
-        return int(np.dtype(dtype).itemsize)
-    except TypeError:
-        return int(getattr(dtype, "itemsize", 4))
-
-
-def shard_bytes(shape: Sequence[int], dtype: Any, sharding: Any) -> int:
-    """Bytes of device 0's shard of an array."""
-    shard = tuple(shape)
-    if sharding is not None and hasattr(sharding, "shard_shape"):
-        try:
-            shard = tuple(sharding.shard_shape(tuple(shape)))
-        except Exception:  # uneven: XLA pads the last shard
-            spec = getattr(sharding, "spec", None)
-            mesh = getattr(sharding, "mesh", None)
-            if spec is not None and mesh is not None:
-                dims = list(shape)
-                for i, axes in enumerate(tuple(spec)[:len(dims)]):
-                    if axes is None:
-                        continue
-                    names = axes if isinstance(axes, tuple) else (axes,)
-                    parts = 1
-                    for a in names:
-                        parts *= mesh.shape[a]
-                    dims[i] = -(-dims[i] // parts)
-                shard = tuple(dims)
-    n = 1
-    for d in shard:
-        n *= int(d)
-    return n * _itemsize(dtype)
 
 
 @dataclasses.dataclass
@@ -854,41 +577,6 @@ class Recorder:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-_DUMP_DIR: Optional[str] = None
-
-
-def enable_per_tensor_dumps() -> str:
-    """Turns on the XLA dumps that the per-tensor variant reads; returns
-    their folder. Call it before the first jax operation (making a mesh
-    counts) when the Recorder itself is made later."""
-    return _enable_dumps()
-
-
-def _enable_dumps() -> str:
-    """Adds XLA dump flags for the per-tensor variant; returns the folder.
-    Must run before jax creates its first backend (XLA reads XLA_FLAGS
-    once)."""
-    import sys
-    global _DUMP_DIR
-    if _DUMP_DIR is not None and os.path.isdir(_DUMP_DIR):
-        return _DUMP_DIR
-    bridge = sys.modules.get("jax._src.xla_bridge")
-    if bridge is not None and bridge.backends_are_initialized():
-        raise RecorderError(
-            "the per-tensor variant needs XLA's buffer-assignment dumps, and "
-            "XLA reads XLA_FLAGS only once, when jax starts its first "
-            "backend: create Recorder(per_tensor=True), or call "
-            "jaxlake.enable_per_tensor_dumps(), before the first jax "
-            "operation")
-    folder = tempfile.mkdtemp(prefix="jaxlake-dump-")
-    flags = os.environ.get("XLA_FLAGS", "")
-    os.environ["XLA_FLAGS"] = (
-        f"{flags} --xla_dump_to={folder} --xla_dump_hlo_as_text "
-        "--xla_dump_large_constants=false").strip()
-    _DUMP_DIR = folder
-    return folder
 
 
 __all__ = ["Abstract", "DEFAULT_TARGET", "Executable", "LogicalBuffer",
