@@ -17,22 +17,70 @@ import argparse
 import dataclasses
 import json
 import os
+import re
 import sys
+import tempfile
 import threading
 import time
-from contextlib import nullcontext
-from typing import Any, Callable, Dict, List, Optional, Tuple
+from contextlib import contextmanager, nullcontext
+from typing import Any, Callable, Dict, Iterator, List, Optional, Tuple
 
 # Without a GPU, stop jax from trying (and loudly failing) to load CUDA.
 if "JAX_PLATFORMS" not in os.environ and not os.path.exists("/dev/nvidiactl"):
     os.environ["JAX_PLATFORMS"] = "cpu"
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-import optax  # noqa: E402
-from flax import nnx, traverse_util  # noqa: E402
-from jax.sharding import NamedSharding  # noqa: E402
-from jax.sharding import PartitionSpec as P  # noqa: E402
+#: What JAX's CUDA plugin logs, from C++ static initialisers, each time one
+#: of its libraries loads on a machine without a driver (three times at
+#: `import jax`, once more when the backends start), whatever JAX_PLATFORMS
+#: or TF_CPP_MIN_LOG_LEVEL say (jax 0.10.2 with jax-cuda12-plugin).
+_CUDA_STUB_NOISE = re.compile(
+    r"^WARNING: All log messages before absl::InitializeLog\(\) is called "
+    r"are written to STDERR$|cudart_stub\.cc:\d+\] Could not find cuda "
+    r"drivers on your machine")
+
+
+@contextmanager
+def quiet_cuda_stub() -> Iterator[None]:
+    """Runs its body with file descriptor 2 sent to a temporary file, then
+    writes everything back to stderr but the CUDA plugin's "Could not find
+    cuda drivers" lines (and absl's preamble to them). Anything else the
+    body prints to stderr comes through, in order, when it ends."""
+    sys.stderr.flush()
+    try:
+        saved = os.dup(2)
+    except OSError:  # no stderr to filter
+        yield
+        return
+    with tempfile.TemporaryFile() as log:
+        os.dup2(log.fileno(), 2)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, 2)
+            os.close(saved)
+            log.seek(0)
+            text = log.read().decode("utf-8", errors="replace")
+            sys.stderr.write("".join(
+                line for line in text.splitlines(keepends=True)
+                if not _CUDA_STUB_NOISE.search(line.rstrip("\n"))))
+            sys.stderr.flush()
+
+
+def start_backends() -> List[Any]:
+    """jax.devices(), the CUDA plugin's driver search kept quiet: call it
+    once, after jaxlake.configure(), before anything else starts jax."""
+    with quiet_cuda_stub():
+        return list(jax.devices())
+
+
+with quiet_cuda_stub():
+    import jax  # noqa: E402
+    import numpy as np  # noqa: E402
+    import optax  # noqa: E402
+    from flax import nnx, traverse_util  # noqa: E402
+    from jax.sharding import NamedSharding  # noqa: E402
+    from jax.sharding import PartitionSpec as P  # noqa: E402
 
 from _data import Batches, corpus  # noqa: E402
 from _model import (ATTENTION, LAYOUTS, LM, PRESETS,  # noqa: E402
@@ -40,7 +88,8 @@ from _model import (ATTENTION, LAYOUTS, LM, PRESETS,  # noqa: E402
 
 #: What the example scripts use.
 __all__ = ["ATTENTION", "LAYOUTS", "PRESETS", "Formatter", "Setup",
-           "add_args", "check_args", "positive_int", "train"]
+           "add_args", "check_args", "positive_int", "quiet_cuda_stub",
+           "start_backends", "train"]
 
 #: The file in a checkpoint folder that records the model it holds.
 MODEL_FILE = "model.json"
@@ -436,6 +485,7 @@ def train(args: argparse.Namespace, setup: Setup) -> Dict[str, Any]:
                 per_tensor=args.trace_per_tensor, meta=meta)
         except (OSError, jaxlake.JaxlakeError) as e:
             raise SystemExit(f"error: --trace {args.trace}: {e}") from None
+    start_backends()  # after the recorder, which may set XLA's dump flags
 
     batch_spec = P("data", None) if mesh is not None else None
 

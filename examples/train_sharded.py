@@ -109,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
         jax.distributed.initialize(coordinator_address=args.coordinator,
                                    num_processes=args.num_processes,
                                    process_id=args.process_id)
-    devices = jax.devices()
+    devices = _lm.start_backends()
     count = len(devices)
     shape = args.mesh
     if shape is None:

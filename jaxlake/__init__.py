@@ -32,6 +32,14 @@ from jaxlake._src.xla.integration import status
 from jaxlake._src.xla.integration import trace
 from jaxlake._src.view.api import view
 
+# The public classes say where users find them: tracebacks and reprs print
+# `jaxlake.ConfigurationError`, not the private module it is defined in, and
+# pickle finds each class under that name (tests/test_api.py checks both).
+for _cls in (ConfigurationError, ConfigurationWarning, DriverError,
+             InvariantError, JaxlakeError, OutOfMemoryError, Lake, TraceEvent,
+             Option, Recorder, RecorderError, Stats, Status):
+    _cls.__module__ = __name__
+del _cls
 
 
 def __getattr__(name: str) -> _Any:

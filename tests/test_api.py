@@ -202,3 +202,37 @@ def test_inactive_status_is_one_short_line() -> None:
     assert xla.Status(False, reason).reason == reason  # the whole of it
     short = "cuInit failed with CUDA error 100"
     assert str(xla.Status(False, short)) == f"jaxlake: lake inactive: {short}"
+
+
+PUBLIC_CLASSES = [name for name in jaxlake.__all__
+                  if isinstance(getattr(jaxlake, name), type)]
+
+
+@pytest.mark.parametrize("name", PUBLIC_CLASSES)
+def test_public_classes_carry_their_public_name(name: str) -> None:
+    cls = getattr(jaxlake, name)
+    assert cls.__module__ == "jaxlake"
+    assert f"{cls.__module__}.{cls.__qualname__}" == f"jaxlake.{name}"
+
+
+def test_exceptions_print_and_pickle_under_their_public_name() -> None:
+    import pickle
+    import traceback
+    try:
+        jaxlake.resolve_options({"capacity": "banana"})
+    except jaxlake.ConfigurationError as error:
+        text = "".join(traceback.format_exception_only(type(error), error))
+    assert text.startswith("jaxlake.ConfigurationError: ")
+    assert "_src" not in text
+    for error in (jaxlake.ConfigurationError("bad"),
+                  jaxlake.OutOfMemoryError("no room", 4096, 2),
+                  jaxlake.DriverError("failed", "invalid_value"),
+                  jaxlake.InvariantError("broken"),
+                  jaxlake.RecorderError("no plugin")):
+        back = pickle.loads(pickle.dumps(error))
+        assert type(back) is type(error) and str(back) == str(error)
+        assert back.__dict__ == error.__dict__
+    stats = jaxlake.Lake(backend="sim").stats()
+    assert pickle.loads(pickle.dumps(stats)) == stats
+    option = jaxlake.option_table()[0]
+    assert pickle.loads(pickle.dumps(option)) == option

@@ -14,6 +14,7 @@ from typing import List, Tuple
 
 import pytest
 
+from jaxlake._src.bench import columns
 from jaxlake._src.bench import suite as bench
 from jaxlake._src.bench import cli as bench_cli
 from jaxlake._src.trace import tracefile
@@ -65,7 +66,7 @@ def test_bench_table_comparisons_and_outputs(
     out_dir = tmp_path / "out"
     plots = [] if has_matplotlib() else ["--no-plots"]
     code, out = run(["bench", "--suite", str(suite), "--out", str(out_dir),
-                     "--no-progress"] + plots)
+                     "--no-progress", "--wide"] + plots)
     assert code == 0, out
     for name in ("synthetic-eager", "synthetic-kv", "synthetic-layers",
                  "synthetic-xla-steps"):
@@ -262,7 +263,7 @@ def test_units_follow_the_magnitude(tmp_path: pathlib.Path) -> None:
     assert bench.format_ns(1250) == "1.25 us"
     assert bench.format_ns(31.0e6) == "31.0 ms"
     path = small_trace(tmp_path / "small.jsonl")
-    code, out = run(["replay", str(path), "-p", "jaxlake"])
+    code, out = run(["replay", str(path), "-p", "jaxlake", "--wide"])
     assert code == 0
     row = [line for line in out.splitlines() if line.startswith("small")][0]
     # 5 MiB live, a small W: each in its own unit, never "0.00 GiB"
@@ -459,3 +460,110 @@ def test_doctor_lists_orbax(tmp_path: pathlib.Path) -> None:
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
     assert f"orbax-checkpoint:      {version}" in result.stdout
+
+
+# -- defect: replay --capacity showed figures of two runs ----------------------
+
+
+def test_replay_capacity_shows_one_run(tmp_path: pathlib.Path) -> None:
+    """Under a capacity the table's peak is the capped run's, the figure the
+    line below it gives, for a policy whose uncapped peak is above it."""
+    # The trace and capacity of the report: bfc peaked at 254 MiB uncapped
+    # and at 220 MiB under the cap, and the table gave 254.
+    path = (pathlib.Path(__file__).resolve().parents[1] / "benchmarks" /
+            "traces" / "lm-small-per-tensor.jsonl.gz")
+    from jaxlake._src.bench.replay import replay as run_replay
+    trace = tracefile.read_trace(path)
+    uncapped = run_replay(trace, "bfc")
+    cap = 220 * MIB
+    assert uncapped.peak_reserved > cap  # the case of the defect
+    code, out = run(["replay", str(path), "-p", "bfc", "--capacity", "220MiB",
+                     "--json", str(tmp_path / "r.json"), "--wide"])
+    assert code == 0, out
+    row = [line for line in out.splitlines()
+           if line.startswith("lm-small-per-tensor")][0]
+    data = json.loads((tmp_path / "r.json").read_text())["results"]["bfc"]
+    capped = data["capped"]
+    assert capped["peak_reserved"] <= cap
+    assert data["peak_reserved"] == uncapped.peak_reserved
+    from jaxlake._src.options import format_bytes
+    assert format_bytes(capped["peak_reserved"]) in row
+    assert format_bytes(uncapped.peak_reserved) not in row
+    if "fits the capacity" in out:
+        assert (f"fits the capacity (peak reserved "
+                f"{format_bytes(capped['peak_reserved'])})") in out
+    assert "every figure below is of the replay under the capacity" in out
+
+
+def test_replay_capacity_plot_draws_the_capacity_and_the_oom(
+        tmp_path: pathlib.Path) -> None:
+    if not has_matplotlib():
+        pytest.skip("matplotlib is not installed")
+    from jaxlake._src.bench import plot
+    from jaxlake._src.bench.replay import replay as run_replay
+    path = small_trace(tmp_path / "small.jsonl")
+    trace = tracefile.read_trace(path)
+    results = [run_replay(trace, p, "10MiB", capped_figures=True).capped
+               for p in ("jaxlake", "bfc")]
+    assert results[1] is not None and results[1].oom is not None
+    drawn: List[Tuple[str, object]] = []
+
+    class Axes:  # records what _draw draws; everything else is a no-op
+        def axhline(self, y: float, **kw: object) -> None:
+            drawn.append(("capacity", kw.get("label")))
+
+        def plot(self, *a: object, **kw: object) -> None:
+            drawn.append(("plot", kw.get("label")))
+
+        def __getattr__(self, name: str) -> object:
+            return lambda *a, **kw: None
+
+    plot._draw(Axes(), "small", [r for r in results if r], legend="",
+               limits=True)
+    labels = [str(label) for _, label in drawn]
+    assert any(k == "capacity" and "capacity 10.0 MiB" in str(label)
+               for k, label in drawn), labels
+    assert "bfc: out of memory at event 3" in labels, labels
+    code, out = run(["replay", str(path), "--capacity", "10MiB", "--plot",
+                     str(tmp_path / "cap.png")])
+    assert code == 0 and (tmp_path / "cap.png").read_bytes()[:4] == b"\x89PNG"
+
+
+# -- defect: a bench table of 188 columns whatever the terminal ----------------
+
+
+@pytest.mark.parametrize("width", [80, 100])
+def test_bench_fits_the_terminal(width: int, suite: pathlib.Path,
+                                 tmp_path: pathlib.Path,
+                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("COLUMNS", str(width))
+    code, out = run(["bench", "--suite", str(suite), "--out", str(tmp_path),
+                     "--no-progress", "--no-plots"])
+    assert code == 0, out
+    wide = [line for line in out.splitlines() if len(line) > width]
+    # Only the first line may name a long folder that cannot be broken.
+    assert not [w for w in wide if " " in w.strip()], wide
+    assert "left out: W, maps" in out and "--wide" in out
+    flat = " ".join(out.split())  # a long description wraps
+    for name, doc in columns.POLICY_DOCS:
+        assert f"  {name}" in out and doc in flat
+    # The wide layout on request: every column, the table as before.
+    code, out = run(["bench", "--suite", str(suite), "--out", str(tmp_path),
+                     "--no-progress", "--no-plots", "--wide"])
+    header = [line for line in out.splitlines() if line.startswith("trace")]
+    assert header and all(c in header[0] for c in columns.COLUMNS)
+    assert "left out" not in out
+
+
+def test_every_policy_and_column_is_declared_once() -> None:
+    from jaxlake._src.bench.replay import policy_names
+    assert [n for n, _ in columns.POLICY_DOCS] == list(policy_names())
+    names = [c.name for c in columns.COLUMN_TABLE]
+    assert len(set(names)) == len(names)
+    assert bench.COLUMNS == columns.LEAD + tuple(names)
+    # The legend explains every column it shows, and only those.
+    text = columns.legend(columns.COLUMN_TABLE, 1000)
+    for c in columns.COLUMN_TABLE:
+        assert f"{c.name}: {c.meaning}" in text
+    narrow = [c for c in columns.COLUMN_TABLE if c.narrow]
+    assert "p99:" not in columns.legend(narrow, 1000)

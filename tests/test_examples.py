@@ -85,7 +85,39 @@ def trained(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
                "--log-json", str(paths["log"]))
     paths["stdout"] = d / "stdout.txt"
     paths["stdout"].write_text(done.stdout)
+    paths["stderr"] = d / "stderr.txt"
+    paths["stderr"].write_text(done.stderr)
     return paths
+
+
+# What JAX's CUDA plugin logs at every start on a machine without a driver.
+CUDA_STUB_NOISE = ("cudart_stub", "Could not find cuda drivers",
+                   "before absl::InitializeLog")
+
+
+def _cuda_plugin_makes_noise() -> bool:
+    """Whether `import jax` here logs the plugin's driver search (the CUDA
+    plugin installed, no driver): the case the examples must keep quiet."""
+    done = subprocess.run([sys.executable, "-c", "import jax; jax.devices()"],
+                          env=_env(), capture_output=True, text=True,
+                          timeout=TIMEOUT)
+    return any(n in done.stderr for n in CUDA_STUB_NOISE)
+
+
+def test_examples_start_quietly(trained: Dict[str, Path]) -> None:
+    if not _cuda_plugin_makes_noise():
+        pytest.skip("import jax logs no CUDA driver search here (no CUDA "
+                    "plugin, or a driver): nothing to keep quiet")
+    for script in ("train_lm.py", "train_sharded.py", "finetune_lora.py"):
+        done = subprocess.run([sys.executable, str(EXAMPLES / script),
+                               "--help"], env=_env(), capture_output=True,
+                              text=True, timeout=TIMEOUT, cwd=str(ROOT))
+        assert done.returncode == 0 and "usage:" in done.stdout
+        assert not [n for n in CUDA_STUB_NOISE if n in done.stderr], \
+            done.stderr
+    # A whole run, backends started and all.
+    err = trained["stderr"].read_text()
+    assert not [n for n in CUDA_STUB_NOISE if n in err], err
 
 
 @pytest.mark.parametrize("script", ["train_lm.py", "train_sharded.py",

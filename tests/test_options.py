@@ -66,7 +66,7 @@ def test_format_bytes_picks_the_unit(nbytes: float, text: str) -> None:
 def test_capacity_zero_is_an_error_that_says_what_to_do() -> None:
     with pytest.raises(jaxlake.ConfigurationError) as info:
         resolve_options(environ={"JAXLAKE_CAPACITY": "0"})
-    assert "leave it unset" in str(info.value)
+    assert "leave JAXLAKE_CAPACITY unset" in str(info.value)
     with pytest.raises(jaxlake.ConfigurationError) as info:
         resolve_options(environ={"JAXLAKE_CAPACITY": "-1GiB"})
     assert "negative" in str(info.value)
@@ -269,3 +269,25 @@ def test_shim_refuses_spellings_python_did_not_write(fake_driver: str
     """, {"JAXLAKE_REAL_LIBCUDA": fake_driver, "JAXLAKE_CAPACITY": "16G"})
     assert "ACTIVE False" in out
     assert "JAXLAKE_CAPACITY='16G'" in out
+
+
+@pytest.mark.parametrize("option", [o for o in jaxlake.option_table()
+                                    if o.kind != "bool"],
+                         ids=lambda o: o.name)
+def test_environment_errors_offer_only_what_a_variable_can_hold(
+        option: jaxlake.Option) -> None:
+    """A variable holds a string: never "None", never "an int"."""
+    with pytest.raises(jaxlake.ConfigurationError) as info:
+        resolve_options(environ={option.env: "banana"})
+    message = str(info.value)
+    assert option.env in message and "'banana'" in message
+    assert "None" not in message and "an int" not in message
+    # The keyword argument may be None (the default), and its error says so.
+    if option.kind == "capacity":
+        with pytest.raises(jaxlake.ConfigurationError,
+                           match="or None for the whole device"):
+            resolve_options({option.name: "banana"})
+        with pytest.raises(jaxlake.ConfigurationError) as zero:
+            resolve_options(environ={option.env: "0"})
+        assert "leave JAXLAKE_CAPACITY unset" in str(zero.value)
+        assert "None" not in str(zero.value)

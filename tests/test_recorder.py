@@ -265,3 +265,30 @@ def test_bundled_suite_is_what_build_py_lists() -> None:
     assert total < 4 << 20  # the suite stays a few MB at most
     big = [read_trace(folder / f"{n}.jsonl.gz").meta for n in names]
     assert max(m["params"] for m in big) >= 10**9
+
+
+def test_device_less_compile_keeps_the_plugin_quiet(tmp_path: Path) -> None:
+    """The plugin's "Could not find cuda drivers" lines, logged when the
+    recorder loads it, are filtered out; other stderr output is kept."""
+    code = textwrap.dedent("""
+        import os, sys
+        import jax
+        jax.config.update("jax_platforms", "cpu")
+        sys.stderr.write("BEFORE\\n"); sys.stderr.flush()
+        from jaxlake._src.trace import recorder
+        recorder.gpu_devices(1)
+        from jaxlake._src.quiet import quiet_cuda_stub
+        with quiet_cuda_stub():
+            os.write(2, b"KEPT\\n")
+            os.write(2, b"I0000 cudart_stub.cc:31] Could not find cuda "
+                        b"drivers on your machine, GPU will not be used.\\n")
+        print("OK")
+    """)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXLAKE")}
+    done = subprocess.run([sys.executable, "-c", code], env=env,
+                          cwd=tmp_path, capture_output=True, text=True,
+                          timeout=300)  # (cwd: not the source tree)
+    assert "OK" in done.stdout, done.stderr
+    err = done.stderr.split("BEFORE\n", 1)[1]  # what import jax said aside
+    assert "cudart_stub" not in err and "cuda drivers" not in err, err
+    assert "KEPT" in err

@@ -534,7 +534,7 @@ def test_bench_and_replay_report_driver_time(
                        {"create": [{"bytes": 2 * MIB, "us": 100}]})
     code, out = _cli(["bench", "--suite", str(folder), "--no-plots",
                       "--no-progress", "--out", str(tmp_path / "out"),
-                      "--latency", lat])
+                      "--latency", lat, "--wide"])
     assert code == 0
     head = out.splitlines()[2]
     for column in ("driver", "2nd calls", "2nd driver"):

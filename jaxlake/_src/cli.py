@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import difflib
 import os
 import sys
 import textwrap
@@ -103,11 +104,73 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def chosen_parser(parser: argparse.ArgumentParser,
+                  args: argparse.Namespace) -> argparse.ArgumentParser:
+    """The (sub)parser of the subcommand `args` chose: `replay`'s for
+    `jaxlake replay ...`, `trace convert`'s for `jaxlake trace convert`."""
+    for action in parser._actions:  # pylint: disable=protected-access
+        if isinstance(action, argparse._SubParsersAction):  # noqa: SLF001
+            name = getattr(args, action.dest, None)
+            if name is not None and name in action.choices:
+                return chosen_parser(action.choices[name], args)
+    return parser
+
+
+def unrecognized_message(parser: argparse.ArgumentParser,
+                         extra: Sequence[str]) -> str:
+    """argparse's "unrecognized arguments" with the closest options of
+    `parser` for each misspelt one."""
+    options = [s for a in parser._actions  # pylint: disable=protected-access
+               for s in a.option_strings]
+    hints: List[str] = []
+    for word in extra:
+        if not word.startswith("-"):
+            continue
+        name = word.split("=", 1)[0]
+        close = difflib.get_close_matches(name, options, n=3, cutoff=0.6)
+        if close:
+            hints.append(f"{name}: did you mean {' or '.join(close)}?")
+    text = "unrecognized arguments: " + " ".join(extra)
+    return text + ("; " + "; ".join(hints) if hints else "")
+
+
+#: The exit status after the reader of standard output went away
+#: (`jaxlake bench | head`): 128 + SIGPIPE, as a shell reports a program
+#: killed by it.
+EXIT_BROKEN_PIPE = 141
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
-    """Runs the command; returns its exit status."""
+    """Runs the command; returns its exit status. When standard output is a
+    pipe whose reader has gone, the command stops quietly (no traceback,
+    nothing more written) with EXIT_BROKEN_PIPE."""
+    try:
+        try:
+            return _main(argv)
+        finally:  # also after --help's SystemExit
+            sys.stdout.flush()
+    except BrokenPipeError:
+        # Python's own advice: point stdout at /dev/null, so that the
+        # interpreter's flush at exit does not fail a second time.
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        try:
+            os.dup2(devnull, sys.stdout.fileno())
+        except (OSError, ValueError):
+            pass
+        finally:
+            os.close(devnull)
+        return EXIT_BROKEN_PIPE
+
+
+def _main(argv: Optional[Sequence[str]]) -> int:
     parser = build_parser()
-    args = parser.parse_args(attach_values(
+    args, extra = parser.parse_known_args(attach_values(
         sys.argv[1:] if argv is None else argv))
+    if extra:
+        # The subcommand's own usage and the closest option names, not the
+        # top-level usage argparse would give.
+        sub = chosen_parser(parser, args)
+        sub.error(unrecognized_message(sub, extra))
     func: Optional[Callable[[argparse.Namespace], int]] = getattr(
         args, "func", None)
     if func is None:

@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+from typing import Any, Tuple
+
+
 class JaxlakeError(Exception):
     """Base class of the errors raised by jaxlake itself."""
 
@@ -28,6 +31,10 @@ class OutOfMemoryError(JaxlakeError, MemoryError):
         self.nbytes = nbytes
         self.stream = stream
 
+    def __reduce__(self) -> Tuple[Any, ...]:
+        # Exception pickles only its args (the message); the figures too.
+        return (type(self), (str(self), self.nbytes, self.stream))
+
 
 class DriverError(JaxlakeError, RuntimeError):
     """A driver call failed; the lake rolled back and stays usable."""
@@ -35,6 +42,9 @@ class DriverError(JaxlakeError, RuntimeError):
     def __init__(self, message: str, status: str) -> None:
         super().__init__(message)
         self.status = status
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        return (type(self), (str(self), self.status))
 
 
 class InvariantError(JaxlakeError, AssertionError):

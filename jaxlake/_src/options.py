@@ -68,6 +68,17 @@ _EXPECTED = {
                  "or a float in (0, 1] meaning that fraction of the device "
                  "memory, or None for the whole device"),
 }
+# What an environment variable of that kind must hold: a string, which can
+# be neither an int nor None.
+_EXPECTED_ENV = {
+    "size": "a size in bytes >= 0, such as 512MiB, 16G, 1e9 or 4096",
+    "positive_size": "a size in bytes > 0, such as 4GiB, 16G, 1e9 or 4096",
+    "count": "a whole number >= 0",
+    "bool": "1/true/on/yes or 0/false/off/no",
+    "capacity": ("a size in bytes > 0 (such as 4GiB, 16G or 1e9) or a "
+                 "fraction in (0, 1] of the device memory (such as 0.9); "
+                 "unset the variable for the whole device"),
+}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -89,7 +100,12 @@ class Option:
     @property
     def expected(self) -> str:
         """What a value of this option must be, in words."""
-        text = _EXPECTED[self.kind]
+        return self.expected_for(env=False)
+
+    def expected_for(self, env: bool) -> str:
+        """What a keyword argument (env=False) or the environment variable
+        (env=True) of this option must hold, in words."""
+        text = (_EXPECTED_ENV if env else _EXPECTED)[self.kind]
         if self.power_of_two:
             text = "a power of two: " + text
         return text
@@ -266,7 +282,7 @@ def _bad(option: Option, value: object, env: str,
     why = f" ({why})" if why else ""
     return ConfigurationError(
         f"option {where}={value!r} is invalid{why}; "
-        f"expected {option.expected}")
+        f"expected {option.expected_for(env=bool(env))}")
 
 
 def _parse(option: Option, value: object, env: str = "") -> OptionValue:
@@ -299,9 +315,11 @@ def _parse(option: Option, value: object, env: str = "") -> OptionValue:
         if number < 0:
             raise _bad(option, value, env, "negative")
         if number == 0:
+            whole = f"leave {env} unset" if env else \
+                "leave it unset or pass None"
             raise _bad(option, value, env,
                        "0 bytes would leave the lake no memory; for the "
-                       "whole device leave it unset or pass None")
+                       f"whole device {whole}")
         return number
 
     number = _integer(option, value, env, sizes=(kind != "count"))

@@ -16,24 +16,13 @@ import sys
 import time
 from typing import Any, List, Optional, Sequence, TextIO
 
+from jaxlake._src.bench import columns
 from jaxlake._src.bench import suite as bench
 from jaxlake._src.trace import tracefile
 from jaxlake._src.options import format_bytes
 from jaxlake._src.bench.replay import (Capacity, Latency, LatencyError,
                                        PolicyError, ReplayResult,
                                        check_policies, policy_names, replay)
-
-#: What the table's columns mean (bench and replay).
-UNITS_NOTE = (
-    "U_fit: peak live / fit capacity (the smallest device, in whole "
-    "granules, that runs the trace); fit drv: modelled driver time at it; "
-    "U: peak live / peak reserved, uncapped; W: peak reserved - peak live; "
-    "calls: driver memory calls; maps: map calls; median/p99: CPU time of "
-    "one allocator call, pooled over up to 20 replays of a short trace "
-    "(it varies from run to run and machine to machine); Mev/s: replay speed; cap: out of memory under the capacity, "
-    "at which event; driver: modelled driver time of the calls; 2nd calls, "
-    "2nd driver: memory calls and driver time in the second half of each "
-    "trace (* mean, + total)")
 
 EXIT_INPUT = 1
 EXIT_USAGE = 2
@@ -98,7 +87,16 @@ def _add_policy(p: argparse.ArgumentParser) -> None:
         "--policy", "-p", action="append", metavar="NAME",
         help="a policy to replay (repeat, or separate with commas); "
              "default: all of " + ", ".join(
-                 ("jaxlake", "bfc", "torch", "torch-expandable", "gmlake")))
+                 name for name, _ in columns.POLICY_DOCS))
+
+
+def _add_wide(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--wide", action="store_true",
+        help="print every column and unwrapped lines, whatever the "
+             "terminal's width (by default a table wider than the terminal "
+             "is printed in a narrow layout that names the columns it "
+             "leaves out, and long lines are wrapped)")
 
 
 def register(commands: Any) -> None:
@@ -134,6 +132,7 @@ def register(commands: Any) -> None:
     b.add_argument("--lenient", action="store_true",
                    help="skip malformed lines of damaged traces")
     _add_latency(b)
+    _add_wide(b)
     b.add_argument("--check", action="store_true",
                    help="exit with status 3 when a PASS/FAIL claim fails")
     b.set_defaults(func=bench_command)
@@ -170,6 +169,7 @@ def register(commands: Any) -> None:
                    help="skip malformed lines, unknown frees and bad sizes, "
                         "and report what was skipped")
     _add_latency(r)
+    _add_wide(r)
     r.set_defaults(func=replay_command)
 
     pl = commands.add_parser(
@@ -255,10 +255,10 @@ def _report_skipped(trace: tracefile.Trace, out: TextIO,
         out.write(f"  ... and {count - limit} more\n")
 
 
-def _result_rows(name: str, results: Sequence[ReplayResult]) -> List[List[str]]:
-    tr = bench.TraceResults(name=name, path="", events=0, devices=1,
-                            peak_live=0, load_s=0.0, results=list(results))
-    return bench.table_rows([tr])
+def _one_trace(name: str, results: Sequence[ReplayResult]
+               ) -> bench.TraceResults:
+    return bench.TraceResults(name=name, path="", events=0, devices=1,
+                              peak_live=0, load_s=0.0, results=list(results))
 
 
 def bench_command(args: argparse.Namespace,
@@ -302,13 +302,16 @@ def bench_command(args: argparse.Namespace,
         return EXIT_INPUT
     progress.close()
     cap = f"; capacity {args.capacity}" if args.capacity else ""
-    out.write(f"jaxlake bench: {len(suite)} trace(s) from {source}, "
-              f"{len(policies)} policies{cap}\n\n")
-    out.write(bench.format_table(bench.grouped_rows(suite)) + "\n")
-    out.write(UNITS_NOTE + "\n\n")
+    def wrap(text: str, hang: int = 4) -> str:  # --wide: lines as they are
+        return text if args.wide else columns.wrap_lines(text, hang=hang)
+    out.write(wrap(f"jaxlake bench: {len(suite)} trace(s) from {source}, "
+                   f"{len(policies)} policies{cap}") + "\n\n")
+    out.write(columns.render(suite, wide=args.wide) + "\n\n")
     claims = bench.comparisons(suite)
-    out.write("comparisons:\n" + bench.format_comparisons(claims) + "\n")
-    out.write(bench.speed_lines(suite) + "\n")
+    # (continuation lines under the claim, past its PASS/FAIL mark)
+    out.write(wrap("comparisons:\n" + bench.format_comparisons(claims),
+                   hang=6) + "\n")
+    out.write(wrap(bench.speed_lines(suite)) + "\n")
     elapsed = time.perf_counter() - start
     try:
         written = bench.write_outputs(
@@ -373,24 +376,33 @@ def replay_command(args: argparse.Namespace,
     trace = _read("replay", args.trace, args.lenient, out)
     if trace is None:
         return EXIT_INPUT
+    # Under a capacity every figure shown (table, lines, plot) is of the run
+    # under that capacity; --json keeps the uncapped figures and adds them.
     fit = bool(args.fit or args.json)
-    results = [replay(trace, p, args.capacity, latency=latency, fit=fit)
-               for p in policies]
+    replayed = [replay(trace, p, args.capacity, latency=latency, fit=fit,
+                       capped_figures=args.capacity is not None)
+                for p in policies]
+    results = [r.capped or r for r in replayed]
     first = results[0]
     out.write(f"{trace.name}: {len(trace)} events, {first.devices} "
               f"device(s), peak live {format_bytes(first.peak_live)}")
     if args.capacity:
         out.write(f", capacity {args.capacity} = "
                   f"{format_bytes(first.capacity or 0)} per device")
-    out.write("\n\n" + bench.format_table(_result_rows(trace.name, results))
-              + "\n")
+    if args.capacity:
+        out.write("\nevery figure below is of the replay under the "
+                  "capacity")
+    out.write("\n\n" + columns.render([_one_trace(trace.name, results)],
+                                       wide=args.wide, summary=False)
+              + "\n\n")
     for r in results:
         if r.oom is not None:
-            out.write(f"{r.policy}: {r.oom.describe()}\n")
+            line = f"{r.policy}: {r.oom.describe()}"
+            out.write((line if args.wide else columns.wrap_lines(line))
+                      + "\n")
         elif r.capacity is not None:
-            peak = r.capped_peak_reserved or r.peak_reserved
             out.write(f"{r.policy}: fits the capacity (peak reserved "
-                      f"{format_bytes(peak)})\n")
+                      f"{format_bytes(r.peak_reserved)})\n")
     if args.fit:
         out.write("\n")
         for r in results:
@@ -404,7 +416,8 @@ def replay_command(args: argparse.Namespace,
             out.write(f"{r.policy}: fit capacity "
                       f"{format_bytes(r.fit_capacity)}{per}, U_fit "
                       f"{r.u_fit or 0:.3f}; there {r.fit_memory_calls} "
-                      f"driver calls, {bench.format_ns(r.fit_driver_ms * 1e6)}"
+                      f"driver calls, "
+                      f"{columns.format_ns(r.fit_driver_ms * 1e6)}"
                       f" modelled driver time, {r.fit_steady_calls} in the "
                       f"second half{odd}\n")
     if args.json:
@@ -414,14 +427,15 @@ def replay_command(args: argparse.Namespace,
                           "skipped": [list(s) for s in trace.skipped],
                           "skipped_count": int(trace.core.skipped_count)},
                 "capacity": str(args.capacity) if args.capacity else None,
-                "results": {r.policy: r.to_json() for r in results}}
+                "results": {r.policy: r.to_json() for r in replayed}}
         if not _write_json("replay", args.json, data, out):
             return EXIT_INPUT
     if args.plot:
         from jaxlake._src.bench import plot
         try:
-            out.write(f"wrote {plot.plot_trace(trace.name, results, args.plot)}"
-                      "\n")
+            written = plot.plot_trace(trace.name, results, args.plot,
+                                      limits=args.capacity is not None)
+            out.write(f"wrote {written}\n")
         except plot.PlotError as e:
             _error("replay", str(e))
             return EXIT_INPUT

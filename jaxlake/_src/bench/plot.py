@@ -15,11 +15,12 @@ for (B, KiB, MiB, GiB).
 
 from __future__ import annotations
 
+import bisect
 import os
 from typing import Any, Dict, List, Optional, Sequence, Tuple
 
 from jaxlake._src.errors import JaxlakeError
-from jaxlake._src.options import byte_unit
+from jaxlake._src.options import byte_unit, format_bytes
 from jaxlake._src.bench.replay import ReplayResult
 
 #: One colour per policy, the same in every figure.
@@ -95,15 +96,31 @@ def _scale(values: Sequence[float]) -> Tuple[str, float]:
     return unit, float(scale)
 
 
+def _at(r: ReplayResult, event: int) -> int:
+    """The reserved bytes of r's timeline at `event` (its last point at or
+    before it)."""
+    i = bisect.bisect_right(r.timeline_event, event) - 1
+    return int(r.timeline_reserved[i]) if i >= 0 else 0
+
+
 def _draw(ax: Any, name: str, results: Sequence[ReplayResult],
-          legend: str) -> None:
-    """One panel. `legend`: "right" (beside the axes), "below" or ""."""
+          legend: str, limits: bool = False) -> None:
+    """One panel. `legend`: "right" (beside the axes), "below" or "".
+    `limits`: also the capacity (a line) and where each policy ran out of
+    memory (a cross), for results of runs under that capacity."""
     if not results:
         ax.set_title(f"{name}: no results")
         return
     first = results[0]
+    capacity = max((r.capacity or 0) * r.devices for r in results) \
+        if limits else 0
     unit, scale = _scale([v for r in results for v in r.timeline_reserved] +
-                         list(first.timeline_live))
+                         list(first.timeline_live) + [capacity])
+    if capacity:
+        per = f" ({first.devices} devices)" if first.devices > 1 else ""
+        ax.axhline(capacity / scale, color="black", linestyle=":",
+                   linewidth=1.0, zorder=5,
+                   label=f"capacity {format_bytes(capacity)}{per}")
     ax.fill_between(first.timeline_event,
                     [v / scale for v in first.timeline_live], step="post",
                     color="0.87", zorder=1, label="live (requested)")
@@ -115,6 +132,12 @@ def _draw(ax: Any, name: str, results: Sequence[ReplayResult],
         ax.plot(r.timeline_event, [v / scale for v in r.timeline_reserved],
                 drawstyle="steps-post", color=COLOURS.get(r.policy),
                 label=f"{r.policy} (U {r.utilisation:.3f})", **style)
+        if limits and r.oom is not None:
+            ax.plot([r.oom.event], [_at(r, r.oom.event) / scale],
+                    marker="X", markersize=9, linestyle="none",
+                    color=COLOURS.get(r.policy), markeredgecolor="black",
+                    zorder=6,
+                    label=f"{r.policy}: out of memory at event {r.oom.event}")
     ax.set_title(name, fontsize=9)
     ax.set_xlabel("event", fontsize=8)
     ax.set_ylabel(f"reserved / live, {unit}", fontsize=8)
@@ -187,11 +210,14 @@ def _draw_kinds(ax: Any, trace: Any, result: ReplayResult) -> None:
 
 
 def plot_trace(name: str, results: Sequence[ReplayResult], path: str,
-               trace: Any = None, by_kind: Optional[str] = None) -> str:
+               trace: Any = None, by_kind: Optional[str] = None,
+               limits: bool = False) -> str:
     """One trace: live bytes and every policy's reserved bytes over the
     events; with `trace` and `by_kind` (a policy among `results`), a second
     panel of live bytes by kind under that policy's reserved bytes. Writes
-    `path` in the format of its suffix and returns the path."""
+    `path` in the format of its suffix and returns the path. `limits`:
+    draw the capacity and the out-of-memory points (results of runs under
+    the capacity: replay(capped_figures=True)'s `capped`)."""
     fmt = image_format(path)
     Figure, Canvas = _matplotlib()
     kind_result = None
@@ -205,7 +231,7 @@ def plot_trace(name: str, results: Sequence[ReplayResult], path: str,
     fig = Figure(figsize=(9, 4.2 * rows), dpi=110, layout="constrained")
     Canvas(fig)
     ax = fig.add_subplot(rows, 1, 1)
-    _draw(ax, name, results, legend="right")
+    _draw(ax, name, results, legend="right", limits=limits)
     if kind_result is not None:
         _draw_kinds(fig.add_subplot(rows, 1, 2), trace, kind_result)
     fig.suptitle("memory over the replay: live vs reserved", fontsize=10)

@@ -284,6 +284,8 @@ class ReplayResult:
     capacity: Optional[int] = None   # bytes per device, when capped
     oom: Optional[OutOfMemory] = None
     capped_peak_reserved: Optional[int] = None
+    #: The run under the capacity (replay(capped_figures=True)), else None.
+    capped: Optional["ReplayResult"] = None
     # Driver calls by kind from each device's middle event on (the steady
     # state after warm-up), and the modelled driver time of the calls by
     # kind (microseconds), over the whole replay and its second half.
@@ -368,6 +370,10 @@ class ReplayResult:
             for key in ("timeline_event", "timeline_live",
                         "timeline_reserved"):
                 out.pop(key)
+        if self.capped is not None:
+            out["capped"] = self.capped.to_json(timeline)
+        else:
+            out.pop("capped")
         return out
 
 
@@ -451,7 +457,8 @@ def replay(trace: Trace, policy: str,
            check_every: int = 0,
            options: Optional[Dict[str, Any]] = None,
            latency: Optional[Latency] = None,
-           rounds: Optional[int] = None, fit: bool = False) -> ReplayResult:
+           rounds: Optional[int] = None, fit: bool = False,
+           capped_figures: bool = False) -> ReplayResult:
     """Replays every device of `trace` through `policy`.
 
     Without a capacity each device is simulated as device_bytes() says
@@ -461,7 +468,10 @@ def replay(trace: Trace, policy: str,
     A policy whose uncapped peak fits the capacity behaves exactly as
     uncapped (every model only reacts to the capacity when a request would
     exceed it), so only policies that exceeded it are replayed again under
-    the cap; their capped peak is in `capped_peak_reserved`.
+    the cap; their capped peak is in `capped_peak_reserved`. With
+    `capped_figures`, those are replayed under the cap with the timeline
+    and the timing too, and `capped` holds every figure of the capped run
+    (the uncapped run's where a device fit), for a table or plot of one run.
 
     `options` sets fields of the core's PolicyOptions (e.g.
     gmlake_frag_limit, torch_max_split_size; lake_<name> for the lake's).
@@ -491,7 +501,58 @@ def replay(trace: Trace, policy: str,
         if p["check_error"]:
             raise AssertionError(f"{policy} on {trace.name}, device "
                                  f"{p['device']}: {p['check_error']}")
+    result = _result(trace, policy, parts, latency)
+    result.device_memory = max(sizes.values())
+    gran = {d: int(device_options[d].granularity) for d in devices}
+    result.min_reserved = sum(-(-live[d] // gran[d]) * gran[d]
+                              for d in devices)
+    if fit:
+        _fit(result, trace, policy, device_options, sizes)
+    if cap is None:
+        return result
+    capped_parts: List[Dict[str, Any]] = []
+    for p in parts:
+        d = int(p["device"])
+        if p["peak_reserved"] <= caps[d]:
+            capped_parts.append(p)
+            continue
+        c = _one(trace, policy, _options(caps[d], options, latency), d,
+                 timeline_points if capped_figures else 0,
+                 timing and capped_figures, check_every,
+                 rounds or timing_rounds(counts[d]) if capped_figures else 1)
+        if c["check_error"]:
+            raise AssertionError(f"{policy} on {trace.name} under a cap: "
+                                 f"{c['check_error']}")
+        capped_parts.append(c)
+    result.capacity = max(caps.values())
+    result.capped_peak_reserved = int(sum(c["peak_reserved"]
+                                          for c in capped_parts))
+    first = _first_oom(capped_parts)
+    if first is not None:
+        result.oom = first
+    if capped_figures:
+        capped = _result(trace, policy, capped_parts, latency)
+        capped.device_memory = result.capacity
+        capped.min_reserved = result.min_reserved
+        capped.capacity = result.capacity
+        capped.capped_peak_reserved = capped.peak_reserved
+        for name in ("fit_capacity", "u_fit", "fit_calls",
+                     "fit_calls_second_half", "fit_driver_us",
+                     "fit_nonmonotone"):
+            setattr(capped, name, getattr(result, name))
+        result.capped = capped
+    return result
 
+
+def _first_oom(parts: Sequence[Dict[str, Any]]) -> Optional[OutOfMemory]:
+    first = min((p for p in parts if p["oom"] is not None),
+                key=lambda p: p["oom"]["event"], default=None)
+    return None if first is None else _oom(first)
+
+
+def _result(trace: Trace, policy: str, parts: Sequence[Dict[str, Any]],
+            latency: Optional[Latency]) -> ReplayResult:
+    """The figures of one replay of each device (`parts`), summed."""
     def total(key: str) -> int:
         return int(sum(p[key] for p in parts))
 
@@ -520,11 +581,9 @@ def replay(trace: Trace, policy: str,
     wall = sum(p["wall_s"] for p in parts)
     peak_live = total("peak_live")
     peak_reserved = total("peak_reserved")
-    t_event, t_live, t_reserved = _merge_timelines(parts)
-    first_oom = min((p for p in parts if p["oom"] is not None),
-                    key=lambda p: p["oom"]["event"], default=None)
+    t_event, t_live, t_reserved = _merge_timelines(list(parts))
     result = ReplayResult(
-        trace=trace.name, policy=policy, devices=len(devices), events=events,
+        trace=trace.name, policy=policy, devices=len(parts), events=events,
         allocs=total("allocs"), frees=total("frees"), peak_live=peak_live,
         peak_reserved=peak_reserved, waste=peak_reserved - peak_live,
         utilisation=peak_live / peak_reserved if peak_reserved else 0.0,
@@ -540,35 +599,8 @@ def replay(trace: Trace, policy: str,
         driver_us=drv_us, driver_us_second_half=drv_us_half,
         latency_source=latency.source if latency else "defaults",
         timing_rounds=int(main["timing_rounds"]))
-    result.device_memory = max(sizes.values())
-    gran = {d: int(device_options[d].granularity) for d in devices}
-    result.min_reserved = sum(-(-live[d] // gran[d]) * gran[d]
-                              for d in devices)
-    if first_oom is not None:  # the device itself is too small
-        result.oom = _oom(first_oom)
-    if fit:
-        _fit(result, trace, policy, device_options, sizes)
-    if cap is None:
-        return result
-    capped_peak = 0
-    for p in parts:
-        nbytes = caps[int(p["device"])]
-        result.capacity = max(result.capacity or 0, nbytes)
-        if p["peak_reserved"] <= nbytes:
-            capped_peak += int(p["peak_reserved"])
-            continue
-        c = _one(trace, policy, _options(nbytes, options, latency),
-                 p["device"], 0,
-                 False, check_every)
-        if c["check_error"]:
-            raise AssertionError(f"{policy} on {trace.name} under a cap: "
-                                 f"{c['check_error']}")
-        capped_peak += int(c["peak_reserved"])
-        oom = c["oom"]
-        if oom is not None and (result.oom is None or
-                                oom["event"] < result.oom.event):
-            result.oom = _oom(c)
-    result.capped_peak_reserved = capped_peak
+    # the device itself too small
+    result.oom = _first_oom(parts)
     return result
 
 

@@ -14,12 +14,11 @@ from __future__ import annotations
 import dataclasses
 import glob
 import json
-import math
 import os
 import random
 import sys
 import time
-from typing import (Any, Callable, Dict, Iterable, List, Optional, Sequence,
+from typing import (Any, Callable, Dict, List, Optional, Sequence,
                     TextIO, Tuple)
 
 from jaxlake._src.trace import tracefile
@@ -28,6 +27,14 @@ from jaxlake._src.bench.replay import (Capacity, Latency, ReplayResult,
                                        check_policies, policy_names, replay)
 from jaxlake._src.trace.tracefile import TraceWriter
 from jaxlake._src.table import format_table as _format_table
+# The table's columns are declared in columns.py; these names stay here for
+# the callers that read them from the suite.
+from jaxlake._src.bench.columns import COLUMNS as COLUMNS
+from jaxlake._src.bench.columns import format_ns as format_ns
+from jaxlake._src.bench.columns import geomean as geomean
+from jaxlake._src.bench.columns import grouped_rows as grouped_rows
+from jaxlake._src.bench.columns import summary_rows as summary_rows
+from jaxlake._src.bench.columns import table_rows as table_rows
 
 GIB = 1 << 30
 SUITE_PATTERN = "*.jsonl.gz"
@@ -155,111 +162,8 @@ def run_suite(paths: Sequence[str], policies: Optional[Sequence[str]] = None,
 # -- reporting ---------------------------------------------------------------
 
 
-def geomean(values: Iterable[float]) -> float:
-    vals = [v for v in values if v > 0]
-    if not vals:
-        return 0.0
-    return math.exp(sum(math.log(v) for v in vals) / len(vals))
-
-
-def _oom_cell(r: ReplayResult) -> str:
-    if r.capacity is None:
-        return "-"
-    if r.oom is None:
-        return "ok"
-    return f"OOM@{r.oom.event}"
-
-
-def format_ns(ns: float) -> str:
-    """A duration in the unit its magnitude calls for: 84 ns, 1.25 us,
-    3.10 ms, 2.00 s (three significant digits)."""
-    for unit, scale in (("s", 1e9), ("ms", 1e6), ("us", 1e3)):
-        if abs(ns) >= scale:
-            value = ns / scale
-            return f"{value:.{max(0, 2 - int(math.log10(abs(value))))}f} " \
-                   f"{unit}"
-    return f"{ns:.0f} ns"
-
-
-#: The table's columns. Sizes and times carry their unit in each cell,
-#: chosen by magnitude (format_bytes, format_ns).
-COLUMNS = ("trace", "policy", "U_fit", "fit drv", "U", "W", "peak", "calls", "maps",
-           "stitches", "median", "p99", "Mev/s", "cap", "driver",
-           "2nd calls", "2nd driver")
-
-
 def _ms(x: float) -> str:
     return f"{x:.1f}" if x < 1000 else f"{x:.0f}"
-
-
-def _u_fit(r: ReplayResult) -> str:
-    return "-" if r.u_fit is None else f"{r.u_fit:.3f}"
-
-
-def _fit_driver(r: ReplayResult) -> str:
-    return "-" if r.u_fit is None else format_ns(r.fit_driver_ms * 1e6)
-
-
-def table_rows(suite: Sequence[TraceResults]) -> List[List[str]]:
-    rows: List[List[str]] = []
-    for tr in suite:
-        for i, r in enumerate(tr.results):
-            rows.append([
-                tr.name if i == 0 else "", r.policy, _u_fit(r),
-                _fit_driver(r), f"{r.utilisation:.3f}", format_bytes(r.waste),
-                format_bytes(r.peak_reserved),
-                str(r.memory_calls), str(r.calls.get("map", 0)),
-                str(r.counters.get("stitches", 0)),
-                format_ns(r.median_ns), format_ns(r.alloc_p99_ns),
-                f"{r.events_per_s / 1e6:.2f}", _oom_cell(r),
-                format_ns(r.driver_ms * 1e6), str(r.steady_calls),
-                format_ns(r.steady_driver_ms * 1e6)])
-    return rows
-
-
-def summary_rows(suite: Sequence[TraceResults]) -> List[List[str]]:
-    """Per policy over the suite: geometric means (U, peak, calls, times,
-    speed), the mean W, and the out-of-memory count under the cap."""
-    rows: List[List[str]] = []
-    if not suite:
-        return rows
-    for policy in [r.policy for r in suite[0].results]:
-        rs = [tr.by_policy()[policy] for tr in suite]
-        capped = [r for r in rs if r.capacity is not None]
-        ooms = sum(1 for r in capped if r.oom is not None)
-        rows.append([
-            "geomean", policy,
-            f"{geomean(r.u_fit for r in rs if r.u_fit is not None):.3f}"
-            if any(r.u_fit is not None for r in rs) else "-",
-            format_ns(sum(r.fit_driver_ms for r in rs) * 1e6) + "+"
-            if any(r.u_fit is not None for r in rs) else "-",
-            f"{geomean(r.utilisation for r in rs):.3f}",
-            format_bytes(sum(r.waste for r in rs) / len(rs)) + "*",
-            format_bytes(geomean(r.peak_reserved for r in rs)),
-            f"{geomean(r.memory_calls for r in rs):.0f}",
-            f"{geomean(r.calls.get('map', 0) for r in rs):.0f}",
-            str(sum(r.counters.get("stitches", 0) for r in rs)) + "+",
-            format_ns(geomean(r.median_ns for r in rs)),
-            format_ns(geomean(r.alloc_p99_ns for r in rs)),
-            f"{geomean(r.events_per_s for r in rs) / 1e6:.2f}",
-            f"{ooms}/{len(capped)} OOM" if capped else "-",
-            format_ns(sum(r.driver_ms for r in rs) * 1e6) + "+",
-            str(sum(r.steady_calls for r in rs)) + "+",
-            format_ns(sum(r.steady_driver_ms for r in rs) * 1e6) + "+"])
-    return rows
-
-
-def grouped_rows(suite: Sequence[TraceResults]) -> List[Optional[List[str]]]:
-    """table_rows with a rule (None) after each trace, then the summary."""
-    out: List[Optional[List[str]]] = []
-    rows = table_rows(suite)
-    start = 0
-    for tr in suite:
-        out.extend(rows[start:start + len(tr.results)])
-        out.append(None)
-        start += len(tr.results)
-    out.extend(summary_rows(suite))
-    return out
 
 
 def format_table(rows: Sequence[Optional[Sequence[str]]],

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import types
-from typing import Any, Dict, Mapping
+from typing import Any, Dict, Mapping, Tuple
 
 
 @dataclasses.dataclass(frozen=True)
@@ -94,3 +94,15 @@ class Stats:
                for f in dataclasses.fields(self)}
         out["driver_calls"] = dict(self.driver_calls)
         return out
+
+    def __reduce__(self) -> Tuple[Any, ...]:
+        # The read-only driver_calls view does not pickle; a plain copy does.
+        return (_stats_from_dict, (self.as_dict(),))
+
+
+def _stats_from_dict(fields: Dict[str, Any]) -> Stats:
+    """Stats.__reduce__'s inverse."""
+    fields = dict(fields)
+    fields["driver_calls"] = types.MappingProxyType(
+        dict(fields["driver_calls"]))
+    return Stats(**fields)

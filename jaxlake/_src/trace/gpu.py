@@ -11,6 +11,7 @@ import tempfile
 from typing import Any, Dict, List, Optional, Tuple
 
 from jaxlake._src.errors import JaxlakeError
+from jaxlake._src.quiet import quiet_cuda_stub
 
 
 #: Bundled GPU target configs, by name (jaxlake/_src/trace/data/NAME.txtpb).
@@ -94,9 +95,10 @@ def gpu_devices(count: int, target: str = DEFAULT_TARGET) -> List[Any]:
         from jax.experimental import topologies
         spec = target_config(target)
         try:
-            topo = topologies.get_topology_desc(
-                platform="cuda", topology_name="", target_config=spec,
-                topology=f"1x1x{count}")
+            with quiet_cuda_stub():  # the plugin's "no driver" lines
+                topo = topologies.get_topology_desc(
+                    platform="cuda", topology_name="", target_config=spec,
+                    topology=f"1x1x{count}")
         except Exception as e:  # the plugin missing, or refusing
             raise RecorderError(
                 "device-less CUDA compilation is not available: "

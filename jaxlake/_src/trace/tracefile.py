@@ -18,6 +18,7 @@ import gzip
 import io
 import json
 import os
+import zlib
 from typing import (Any, Dict, Iterator, List, Mapping, NamedTuple, Optional,
                     Set, Tuple, Union)
 
@@ -226,9 +227,14 @@ class TraceWriter:
 STDIN = "-"
 
 
-def read_bytes(path: PathLike) -> bytes:
+def read_bytes(path: PathLike, lenient: bool = False) -> bytes:
     """The bytes of a trace file ("-": standard input), decompressed when it
-    is gzip (by its magic number, whatever its name)."""
+    is gzip (by its magic number, whatever its name).
+
+    A truncated gzip stream gives what decompresses, marked as cut (the
+    parser then reports the cut line). A corrupt one (damaged bytes, a
+    failed check) raises TraceError naming the damage; with lenient=True it
+    gives the bytes that decompress before the damage, marked as cut."""
     name = os.fspath(path)
     try:
         if name == STDIN:
@@ -243,24 +249,43 @@ def read_bytes(path: PathLike) -> bytes:
     if data[:2] == b"\x1f\x8b":
         try:
             data = gzip.decompress(data)
-        except (OSError, EOFError, ValueError) as e:
-            # A truncated gzip stream: keep what decompresses, so a damaged
-            # trace can still be read leniently (its last line is cut).
-            partial = _gunzip_partial(data)
-            if partial is None:
-                raise TraceError(f"not a readable gzip file ({e})",
-                                 name) from None
-            data = partial + b"\x00"  # marks the cut for the parser
+        except (OSError, EOFError, ValueError, zlib.error) as e:
+            partial, damage = gunzip_salvage(data)
+            if damage is None:
+                # A truncated stream: keep what decompresses, so a damaged
+                # trace can still be read leniently (its last line is cut).
+                return partial + b"\x00"  # marks the cut for the parser
+            if lenient and partial:
+                return partial + b"\x00"
+            raise TraceError(
+                f"corrupt gzip data ({damage or e}); "
+                f"{len(partial)} bytes decompress before the damage"
+                + (" (--lenient reads the events before it)"
+                   if partial and not lenient else ""),
+                name) from None
     return data
 
 
-def _gunzip_partial(data: bytes) -> Optional[bytes]:
-    import zlib
+#: Bytes fed to the decompressor at a time by gunzip_salvage().
+_SALVAGE_CHUNK = 1 << 10  # (what zlib refuses loses at most one)
+
+
+def gunzip_salvage(data: bytes) -> Tuple[bytes, Optional[str]]:
+    """(the bytes that decompress, what stopped the decompression) of a gzip
+    stream that gzip.decompress refused: the damage is None for a stream
+    that merely ends early, else zlib's or the gzip check's message."""
     d = zlib.decompressobj(wbits=31)
-    try:
-        return d.decompress(data)
-    except zlib.error:
-        return None
+    out: List[bytes] = []
+    for start in range(0, len(data), _SALVAGE_CHUNK):
+        try:
+            out.append(d.decompress(data[start:start + _SALVAGE_CHUNK]))
+        except zlib.error as e:
+            return b"".join(out), str(e)
+        if d.eof:
+            break
+    if not out or (not d.eof and not b"".join(out)):
+        return b"", "not a gzip stream"
+    return b"".join(out), None
 
 
 def sniff_format(data: bytes) -> str:
@@ -373,7 +398,7 @@ def read_trace(path: PathLike, lenient: bool = False) -> Trace:
     error in both modes.
     """
     name = os.fspath(path)
-    return parse_trace(read_bytes(name), "<stdin>" if name == STDIN else name,
+    return parse_trace(read_bytes(name, lenient), "<stdin>" if name == STDIN else name,
                        lenient)
 
 

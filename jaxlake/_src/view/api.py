@@ -43,8 +43,8 @@ def _read_open(path: str) -> bytes:
     if raw[:2] == b"\x1f\x8b":
         try:
             raw = gzip.decompress(raw)
-        except (OSError, EOFError, ValueError):
-            raw = zlib.decompressobj(wbits=31).decompress(raw)
+        except (OSError, EOFError, ValueError, zlib.error):
+            raw, _ = tracefile.gunzip_salvage(raw)  # up to a cut or damage
     return _complete_lines(raw)
 
 

@@ -10,6 +10,7 @@ from importlib import metadata
 from typing import Any, Dict, List, Optional, TextIO
 
 from jaxlake._src.xla import integration as xla
+from jaxlake._src.xla import startup
 from jaxlake._src import options as _options
 from jaxlake._src.errors import ConfigurationError
 
@@ -28,8 +29,9 @@ def register(commands: Any) -> None:
                     "variables and --jaxlake_<option> entries in XLA_FLAGS "
                     "(see `jaxlake options`).")
     run.add_argument("--required", action="store_true",
-                     help="fail instead of running without the lake when no "
-                          "CUDA driver is found")
+                     help="fail (exit status 1, the program not run) instead "
+                          "of running without the lake when it cannot be "
+                          "active: a bad option, no CUDA driver")
     run.add_argument("--trace", metavar="PATH",
                      help="write the allocation trace (JSON lines) to PATH")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="COMMAND",
@@ -86,11 +88,12 @@ def _run(args: argparse.Namespace) -> int:
         env = run_environment(dict(os.environ), args.trace)
     except ConfigurationError as error:
         if args.required:
-            print(f"jaxlake run: {error}", file=sys.stderr)
+            print(f"jaxlake run: error: {error}\njaxlake run: --required: "
+                  "the program was not run", file=sys.stderr)
             return 1
-        print(f"jaxlake run: lake inactive ({error}); running the program "
-              "without it", file=sys.stderr)
-        env = dict(os.environ)
+        sys.stderr.write(f"jaxlake run: {error}\n" + startup.without_lake(
+            "jaxlake run", "--required"))
+        return _run_without_lake(argv, str(error))
     sys.stdout.flush()
     sys.stderr.flush()
     try:
@@ -100,6 +103,30 @@ def _run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 127
     return 0  # not reached
+
+
+def _run_without_lake(argv: List[str], reason: str) -> int:
+    """Runs the program as a child (not exec: the warning is said again
+    when it ends) and returns its exit status (128 + N when signal N ended
+    it, as a shell reports)."""
+    import signal
+    import subprocess
+    sys.stdout.flush()
+    sys.stderr.flush()
+    try:
+        child = subprocess.Popen(argv)
+    except OSError as error:
+        print(f"jaxlake run: cannot run {argv[0]!r}: {error}",
+              file=sys.stderr)
+        return 127
+    # Ctrl-C reaches the child from the terminal; this process waits for it.
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        code = child.wait()
+    finally:
+        signal.signal(signal.SIGINT, previous)
+    sys.stderr.write(startup.reminder(reason))
+    return 128 - code if code < 0 else code
 
 
 #: The values of XLA's xla_gpu_command_buffer_update_mode (its

@@ -28,20 +28,63 @@ def wanted(environ: Optional[Mapping[str, str]] = None) -> bool:
     return bool(ours)
 
 
+def without_lake(asked: str, required: str) -> str:
+    """The warning, after the line that says why, for a program that asked
+    for the lake (`asked`, e.g. "JAXLAKE=1") and runs without it, with how
+    to make that fatal (`required`)."""
+    return (f"jaxlake: WARNING: {asked} asked for the lake, but the lake is "
+            "NOT active (see above): the program runs with XLA's own "
+            f"allocator; {required} makes this an error instead\n")
+
+
+def reminder(reason: str, limit: int = 100) -> str:
+    """The line said again when such a program ends."""
+    first = reason.splitlines()[0] if reason else "unknown"
+    if len(first) > limit:
+        first = first[:limit - 3] + "..."
+    return f"jaxlake: WARNING: this program ran WITHOUT the lake: {first}\n"
+
+
+def _remind_at_exit(reason: str) -> None:
+    import atexit
+
+    def remind() -> None:
+        try:
+            sys.stderr.write(reminder(reason))
+            sys.stderr.flush()
+        except (OSError, ValueError):  # stderr closed or gone
+            pass
+    atexit.register(remind)
+
+
 def run() -> Optional[xla.Status]:
-    """Configures the lake from the environment. Reports an inactive lake
-    on stderr; with JAXLAKE_REQUIRED=1 an inactive lake or a bad setting
-    ends the process with exit status 1."""
+    """Configures the lake from the environment. A program that asked for
+    the lake and does not get it (a bad setting, no driver) is told so on
+    stderr when it starts and again when it ends; with JAXLAKE_REQUIRED=1
+    it ends at once with exit status 1 instead."""
     if not wanted():
         return None
     required = xla.truthy(os.environ.get(xla.REQUIRED_ENV))
+    asked = "JAXLAKE=1" if xla.truthy(os.environ.get(xla.ENABLE_ENV)) \
+        else "XLA_FLAGS --jaxlake"
     try:
         status = xla.configure(required=required)
     except ConfigurationError as error:
-        sys.stderr.write(f"jaxlake: {error}\n")
         if required:
-            raise SystemExit(1) from None
+            sys.stderr.write(f"jaxlake: error: {error}\n"
+                             f"jaxlake: {xla.REQUIRED_ENV}=1: stopping "
+                             "the program\n")
+            # Not SystemExit: this runs while site.py reads jaxlake.pth,
+            # where an exception prints a traceback of the interpreter's
+            # start-up. Nothing else has run yet to need a clean exit.
+            sys.stderr.flush()
+            os._exit(1)
+        sys.stderr.write(f"jaxlake: {error}\n")
+        sys.stderr.write(without_lake(asked, f"{xla.REQUIRED_ENV}=1"))
+        _remind_at_exit(str(error))
         return None
     if not status.active:
         sys.stderr.write(f"{status}\n")
+        sys.stderr.write(without_lake(asked, f"{xla.REQUIRED_ENV}=1"))
+        _remind_at_exit(xla.short_reason(status.reason))
     return status
