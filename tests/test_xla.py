@@ -76,17 +76,20 @@ def test_shim_environment_normalises_values() -> None:
 
 
 def test_setting_warnings_name_the_bypass() -> None:
+    modes = xla_cli.update_modes()
+    other = [m for m in modes if m != "ALWAYS_UPDATE"]
+    assert other, modes
     warn = xla_cli.setting_warnings({
-        "XLA_FLAGS": "--xla_gpu_command_buffer_update_mode=NEVER_UPDATE",
+        "XLA_FLAGS": f"--xla_gpu_command_buffer_update_mode={other[0]}",
         "XLA_PYTHON_CLIENT_ALLOCATOR": "bfc",
         "XLA_PYTHON_CLIENT_PREALLOCATE": "true"})
     assert len(warn) == 3, warn
-    assert "NEVER_UPDATE" in warn[0] and "own VMM allocator" in warn[0]
+    assert other[0] in warn[0] and "own VMM allocator" in warn[0]
+    assert "docs/benchmarks.md" in warn[0]
     assert "bfc" in warn[1]
     assert "preallocation" in warn[2]
-    warn = xla_cli.setting_warnings({
-        "XLA_FLAGS": "--xla_gpu_command_buffer_update_mode=CAPTURE_CMD_NEVER_UPDATE"})
-    assert len(warn) == 1 and "own VMM allocator" in warn[0]
+    warn = xla_cli.setting_warnings({"XLA_PYTHON_CLIENT_ALLOCATOR": "vmm"})
+    assert len(warn) == 1 and "own VMM allocator instead of the lake" in warn[0]
     # A value XLA does not know is named as such, not as a bypass.
     warn = xla_cli.setting_warnings({
         "XLA_FLAGS": "--xla_gpu_command_buffer_update_mode=RECONSTRUCT"})
@@ -96,6 +99,70 @@ def test_setting_warnings_name_the_bypass() -> None:
     assert not xla_cli.setting_warnings({"XLA_FLAGS": "--xla_gpu_autotune_level=0"})
 
 
+def test_routing_flags_are_named_and_checked_against_the_plugin() -> None:
+    from jaxlake._src.xla import plugin
+    known = plugin.PluginInfo("fake.so", frozenset({
+        "xla_gpu_temp_buffer_use_separate_color",
+        "xla_gpu_enable_nccl_user_buffers",
+        "xla_gpu_command_buffer_update_mode"}), ("ALWAYS_UPDATE", "SKIP_TEMP"))
+    warn = plugin.routing_warnings({}, {
+        "xla_gpu_temp_buffer_use_separate_color": "true",
+        "xla_gpu_enable_nccl_user_buffers": "true",
+        "xla_gpu_experimental_enable_nccl_symmetric_buffers": "true",
+        "xla_gpu_command_buffer_update_mode": "NEVER_UPDATE"}, known)
+    assert len(warn) == 4, warn
+    assert "not one of XLA's values (ALWAYS_UPDATE, SKIP_TEMP)" in warn[0]
+    assert "second cuda_async allocator" in warn[1]
+    assert "NCCL" in warn[2]
+    assert "symmetric" in warn[3] and "does not know" in warn[3]
+    assert not plugin.routing_warnings({}, {
+        "xla_gpu_temp_buffer_use_separate_color": "false"}, known)
+
+
+def test_enum_values_read_a_serialized_descriptor() -> None:
+    from jaxlake._src.xla import plugin
+    def value(name: bytes, n: int) -> bytes:
+        body = b"\n" + bytes([len(name)]) + name + b"\x10" + bytes([n])
+        return b"\x12" + bytes([len(body)]) + body
+    data = (b"junk\n\x17CommandBufferUpdateMode" + value(b"ALWAYS_UPDATE", 0)
+            + value(b"SKIP_TEMP", 1) + b'"\x10\n\x0eCUDNN_NEXT_ENUM')
+    assert plugin.enum_values(data, "CommandBufferUpdateMode") == (
+        "ALWAYS_UPDATE", "SKIP_TEMP")
+    assert plugin.enum_values(data, "Missing") == ()
+
+
+def test_version_mismatches_are_warned() -> None:
+    from jaxlake._src.xla import plugin
+    same = {"jax": "0.12.0.1", "jaxlib": "0.12.0.1",
+            "jax-cuda12-plugin": "0.12.0.1", "jax-cuda12-pjrt": "0.12.0.1"}
+    assert plugin.version_warnings(same) == []
+    warn = plugin.version_warnings({**same, "jax-cuda12-plugin": "0.10.2",
+                                    "jax-cuda12-pjrt": "0.10.2"})
+    assert len(warn) == 1 and "jax-cuda12-plugin 0.10.2" in warn[0]
+    assert "pip install 'jax-cuda12-plugin==0.12.0.1' " \
+        "'jax-cuda12-pjrt==0.12.0.1'" in warn[0]
+    warn = plugin.version_warnings({"jax": "0.13.0", "jaxlib": "0.12.0.1"})
+    assert any("same release" in w for w in warn)
+    assert any("jax 0.13.0 is outside the range" in w for w in warn)
+    warn = plugin.version_warnings({"jax": "0.9.2", "jaxlib": "0.9.2",
+                                    "jax-cuda13-plugin": "0.9.2",
+                                    "jax-cuda13-pjrt": "0.9.2"})
+    assert len(warn) == 2 and all("outside the range" in w for w in warn)
+
+
+def test_doctor_names_a_version_mismatch(monkeypatch: Any) -> None:
+    import io
+    from jaxlake._src.xla import plugin
+    monkeypatch.setattr(plugin, "installed_versions", lambda: {
+        "jax": "0.12.0.1", "jaxlib": "0.12.0.1",
+        "jax-cuda12-plugin": "0.10.2", "jax-cuda12-pjrt": "0.10.2"})
+    out = io.StringIO()
+    xla_cli.doctor(out, start_jax=False)
+    assert "warning: jax-cuda12-plugin 0.10.2, jax-cuda12-pjrt 0.10.2 " \
+        "with jaxlib 0.12.0.1" in out.getvalue(), out.getvalue()
+    assert "tested jax:" in out.getvalue()
+
+
 def test_update_modes_are_the_plugins_own() -> None:
     """The update modes the doctor knows are those of the installed CUDA
     plugin's CommandBufferUpdateMode enum, and no other."""
@@ -103,26 +170,23 @@ def test_update_modes_are_the_plugins_own() -> None:
     data = _plugin_library().read_bytes()
     assert b"xla_gpu_command_buffer_update_mode" in data
     # The enum's serialized descriptor: its name (23 bytes), then its
-    # values' names.
+    # values, each a field-2 record up to the next enum (field 4, '"').
     at = data.index(b"\n\x17CommandBufferUpdateMode") + 25
-    values = re.findall(rb"[A-Z][A-Z_]{4,}", data[at:at + 100])
-    modes = {v.decode() for v in values} & {
-        "ALWAYS_UPDATE", "NEVER_UPDATE", "CAPTURE_CMD_NEVER_UPDATE",
-        "RECONSTRUCT"}
-    assert modes == set(xla_cli.UPDATE_MODES), values
-    assert b"xla_gpu_experimental_vmm_disabled" not in data
+    end = data.index(b'"', at)
+    values = re.findall(rb"[A-Z][A-Z_]{4,}", data[at:end])
+    assert set(xla_cli.update_modes()) == {v.decode() for v in values}
+    assert "ALWAYS_UPDATE" in xla_cli.update_modes()
 
 
 def _plugin_library() -> pathlib.Path:
-    """xla_cuda_plugin.so of the pinned jax-cuda12-plugin (test extra)."""
-    try:
-        import jax_plugins.xla_cuda12 as plugin  # type: ignore
-    except ImportError:
-        pytest.skip("jax-cuda12-plugin is not installed (the test extra "
+    """xla_cuda_plugin.so of the installed CUDA plugin (the test extra
+    brings jax-cuda12-pjrt at jaxlib's version)."""
+    from jaxlake._src.xla import plugin
+    path = plugin.plugin_library()
+    if path is None:
+        pytest.skip("no jax CUDA plugin is installed (the test extra "
                     "brings it on Python 3.11 or newer)")
-    path = pathlib.Path(plugin.__file__).parent / "xla_cuda_plugin.so"
-    assert path.is_file(), path
-    return path
+    return pathlib.Path(path)
 
 
 # -- configure() without a driver ------------------------------------------------
