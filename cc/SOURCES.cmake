@@ -25,6 +25,9 @@ set(JAXLAKE_REPLAY_SOURCES
   cc/replay/bfc.cc
   cc/replay/torch.cc
   cc/replay/gmlake.cc
+  cc/replay/xla_vmm.cc
+  cc/replay/bfc_growth.cc
+  cc/replay/fit.cc
   cc/replay/engine.cc
   cc/replay/lake_view.cc
 )

@@ -39,6 +39,7 @@ class LakeOptions:
     stitch_grow: bool
     max_pieces: int
     stitch_cache: int
+    grow_min: int
     record_trace: bool
     def __init__(self) -> None: ...
 
@@ -130,6 +131,7 @@ class PolicyOptions:
     lake: LakeOptions
     bfc_initial_region: int
     bfc_max_internal_fragmentation: int
+    bfc_growth_increment: int
     torch_max_split_size: int
     gmlake_frag_limit: int
     gmlake_reuse_limit: float
@@ -147,6 +149,11 @@ def replay(trace: TraceData, policy: str, options: PolicyOptions,
     """Replays one device of a trace through a policy; returns a dict.
     With timing_rounds > 1 the call times of that many replays (each with a
     fresh policy) are pooled."""
+
+def fit(trace: TraceData, policy: str, options: PolicyOptions,
+        device: int = 0, max_capacity: int = 1099511627776) -> dict[str, Any]:
+    """The fit capacity of one device of a trace for a policy
+    (cc/replay/fit.h); returns a dict."""
 
 def lake_view(trace: TraceData, options: PolicyOptions, device: int = 0,
               snapshot_events: list[int] = ...,

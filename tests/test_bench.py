@@ -73,8 +73,11 @@ def test_bench_table_comparisons_and_outputs(
     geomeans = [line.split()[1] for line in out.splitlines()
                 if line.startswith("geomean")]
     assert geomeans == ["jaxlake", "bfc", "torch", "torch-expandable",
-                        "gmlake"]
+                        "gmlake", "xla-vmm", "bfc-growth"]
     for claim in ("jaxlake U >= 0.95 on every trace",
+                  "jaxlake U_fit >= every other policy's U_fit, per trace",
+                  "jaxlake driver time at the fit capacity below every "
+                  "policy within 0.01 of its U_fit",
                   "jaxlake U >= every other policy's U, per trace",
                   "W reduction vs bfc",
                   "median allocator time per op, jaxlake / bfc",
@@ -86,13 +89,20 @@ def test_bench_table_comparisons_and_outputs(
     data = json.loads((out_dir / "results.json").read_text())
     assert data["format"] == "jaxlake-bench"
     assert data["policies"] == ["jaxlake", "bfc", "torch",
-                                "torch-expandable", "gmlake"]
+                                "torch-expandable", "gmlake", "xla-vmm",
+                                "bfc-growth"]
     assert len(data["traces"]) == 4
     first = data["traces"][0]["results"]["bfc"]
     assert 0 < first["utilisation"] <= 1
     assert first["waste"] == first["peak_reserved"] - first["peak_live"]
     assert first["capacity"] is not None
-    assert len(data["comparisons"]) == 7
+    # The headline: the fit capacity, in whole granules, at least the peak
+    # live bytes, and U_fit from it.
+    assert first["fit_capacity"] % (2 << 20) == 0
+    assert first["fit_capacity"] >= first["peak_live"]
+    assert first["u_fit"] == first["peak_live"] / first["fit_capacity"]
+    assert "U_fit" in out.splitlines()[2]
+    assert len(data["comparisons"]) == 9
     if has_matplotlib():
         png = (out_dir / "memory.png").read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n"

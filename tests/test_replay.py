@@ -335,9 +335,11 @@ def test_capacity_parsing() -> None:
 def test_unknown_policy() -> None:
     with pytest.raises(replay.PolicyError, match="did you mean 'gmlake'") as e:
         replay.check_policies(["gmlak"])
-    assert "jaxlake, bfc, torch, torch-expandable, gmlake" in str(e.value)
+    assert ("jaxlake, bfc, torch, torch-expandable, gmlake, xla-vmm, "
+            "bfc-growth") in str(e.value)
     assert replay.policy_names() == ("jaxlake", "bfc", "torch",
-                                     "torch-expandable", "gmlake")
+                                     "torch-expandable", "gmlake", "xla-vmm",
+                                     "bfc-growth")
 
 
 def test_two_devices_add_up(tmp_path: pathlib.Path) -> None:

@@ -230,10 +230,10 @@ def test_view_writes_one_offline_page(tmp_path: Path) -> None:
     assert not re.search(r"<(script|link|img)[^>]+(src|href)=", text)
     data = _page_data(Path(out))
     assert data["policies"] == ["jaxlake", "bfc", "torch", "torch-expandable",
-                                "gmlake"]
-    assert len(data["table"]["rows"]) == 5
+                                "gmlake", "xla-vmm", "bfc-growth"]
+    assert len(data["table"]["rows"]) == 7
     (dev,) = data["devices"]
-    assert len(dev["timeline"]["policies"]) == 5
+    assert len(dev["timeline"]["policies"]) == 7
     assert dev["timeline"]["bucket"] == 1  # short: one point per event
     assert dev["bands"]["drawn"] == dev["bands"]["total"] > 100
     stitched = dev["served"]["stitch"] + dev["served"]["stitch-grow"]
@@ -528,13 +528,14 @@ def test_page_in_the_browser(browser: Any, tmp_path: Path) -> None:
     p = Page(browser, Path(out))
     # The four parts, with one row and one line per policy.
     assert p.js("document.querySelectorAll('#summary tr.policy-row')"
-                ".length") == 5
+                ".length") == 7
     names = p.js("document.getElementById('timeline').data"
                  ".map(t => t.name)")
     assert names[0] == "live"
     assert [n for n in names if n.endswith(" reserved")] == [
         f"{x} reserved" for x in ("jaxlake", "bfc", "torch",
-                                  "torch-expandable", "gmlake")]
+                                  "torch-expandable", "gmlake", "xla-vmm",
+                                  "bfc-growth")]
     assert "jaxlake stitch" in names
     assert p.js("document.querySelectorAll('#timeline .scatterlayer .trace')"
                 ".length") >= 6

@@ -202,12 +202,15 @@ Status Lake::Impl::CreateSegment(std::unique_lock<std::mutex>& lk,
 
 // Claims capacity for n new chunks; false if the capacity forbids it.
 // Memory the driver failed to release still counts against it.
+std::size_t Lake::Impl::HeldBytes() const {
+  return static_cast<std::size_t>(st.bytes_reserved.current) + pending_bytes +
+         releasing_bytes +
+         static_cast<std::size_t>(st.bytes_unreleased.current);
+}
+
 bool Lake::Impl::ClaimCapacity(std::uint64_t n) {
   const std::size_t bytes = std::size_t{n} * gran;
-  const std::size_t held =
-      static_cast<std::size_t>(st.bytes_reserved.current) + pending_bytes +
-      releasing_bytes +
-      static_cast<std::size_t>(st.bytes_unreleased.current);
+  const std::size_t held = HeldBytes();
   if (n > capacity / gran || held + bytes > capacity) return false;
   pending_bytes += bytes;
   return true;
@@ -249,8 +252,21 @@ Status Lake::Impl::ClaimPrimary(std::unique_lock<std::mutex>& lk,
     *how = len == n ? AllocState::fit : AllocState::split;
     return Status::kOk;
   }
-  const std::uint64_t chunks = ChunkUp(n) / cu;
-  if (!ClaimCapacity(chunks)) return Status::kOutOfMemory;
+  std::uint64_t chunks = ChunkUp(n) / cu;
+  // grow_min: a larger segment where the capacity left allows it.
+  const std::uint64_t want = opt.grow_min / gran;
+  if (want > chunks) {
+    const std::size_t held = HeldBytes();
+    const std::uint64_t left = held < capacity ? (capacity - held) / gran : 0;
+    const std::uint64_t bigger = std::min<std::uint64_t>(want, left);
+    if (bigger > chunks && ClaimCapacity(bigger)) {
+      chunks = bigger;
+    } else if (!ClaimCapacity(chunks)) {
+      return Status::kOutOfMemory;
+    }
+  } else if (!ClaimCapacity(chunks)) {
+    return Status::kOutOfMemory;
+  }
   Status cs = CreateSegment(lk, chunks, seg_out);
   if (cs != Status::kOk) return cs;
   Carve(*seg_out, 0, n, state, owner);

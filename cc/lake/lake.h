@@ -70,6 +70,11 @@ struct LakeOptions {
   std::size_t max_pieces = 0;
   // Stitched ranges kept mapped for reuse once freed.
   std::size_t stitch_cache = 64;
+  // A segment made to grow the lake holds at least this many bytes (whole
+  // granules, cut to the capacity left, never below the request's need);
+  // 0 (the default): exactly the request's chunks. Measured in
+  // docs/benchmarks.md ("Growth step"): fewer driver calls, lower U.
+  std::size_t grow_min = 0;
   // Keep an in-memory trace of allocate/free events.
   bool record_trace = false;
 };

@@ -161,6 +161,8 @@ struct Lake::Impl {
   Status CreateSegment(std::unique_lock<std::mutex>& lk, std::uint64_t n,
                        std::uint64_t* seg_out);
   bool ClaimCapacity(std::uint64_t n);
+  // Physical bytes held or claimed (what the capacity is checked against).
+  std::size_t HeldBytes() const;
   bool FindFit(std::uint64_t n, Stream s, FreeKey* out) const;
   Status ClaimPrimary(std::unique_lock<std::mutex>& lk, std::uint64_t n,
                       Stream s, BlockState state, std::uint64_t owner,

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "cc/replay/engine.h"
+#include "cc/replay/fit.h"
 #include "cc/replay/lake_view.h"
 #include "cc/replay/policy.h"
 #include "cc/replay/trace.h"
@@ -220,6 +221,8 @@ std::vector<std::pair<std::uint64_t, double>> LatencyPoints(
   return out;
 }
 
+nb::dict ResultDict(const ReplayResult& r);
+
 nb::dict RunReplay(const PyTrace& trace, const std::string& policy,
                    const PolicyOptions& options, std::uint32_t device,
                    std::size_t timeline_points, bool timing,
@@ -258,6 +261,10 @@ nb::dict RunReplay(const PyTrace& trace, const std::string& policy,
         },
         ro);
   }
+  return ResultDict(r);
+}
+
+nb::dict ResultDict(const ReplayResult& r) {
   nb::dict d;
   d["policy"] = r.policy;
   d["device"] = r.device;
@@ -300,6 +307,39 @@ nb::dict RunReplay(const PyTrace& trace, const std::string& policy,
   d["timeline_live"] = r.timeline_live;
   d["timeline_reserved"] = r.timeline_reserved;
   d["check_error"] = r.check_error;
+  return d;
+}
+
+// The fit capacity of one device (cc/replay/fit.h): a dict with the
+// search's figures and "at_fit", the replay at that capacity.
+nb::dict RunFit(const PyTrace& trace, const std::string& policy,
+                const PolicyOptions& options, std::uint32_t device,
+                std::uint64_t max_capacity) {
+  if (device >= trace.devices())
+    throw nb::value_error(("device " + std::to_string(device) +
+                           " is not below the trace's devices (" +
+                           std::to_string(trace.devices()) + ")")
+                              .c_str());
+  FitOptions fo;
+  fo.device = device;
+  fo.max_capacity = static_cast<std::size_t>(max_capacity);
+  std::shared_ptr<Trace> t = trace.get();
+  FitResult f;
+  std::string error;
+  bool ok;
+  {
+    nb::gil_scoped_release release;
+    ok = FitCapacity(*t, policy, options, fo, &f, &error);
+  }
+  if (!ok) throw nb::value_error(error.c_str());
+  nb::dict d;
+  d["found"] = f.found;
+  d["capacity"] = f.capacity;
+  d["peak_live"] = f.peak_live;
+  d["u_fit"] = f.u_fit;
+  d["nonmonotone"] = f.nonmonotone;
+  d["replays"] = f.replays;
+  d["at_fit"] = f.found ? nb::object(ResultDict(f.at_fit)) : nb::none();
   return d;
 }
 
@@ -436,6 +476,7 @@ void BindReplay(nb::module_& m) {
       .def_rw("bfc_initial_region", &PolicyOptions::bfc_initial_region)
       .def_rw("bfc_max_internal_fragmentation",
               &PolicyOptions::bfc_max_internal_fragmentation)
+      .def_rw("bfc_growth_increment", &PolicyOptions::bfc_growth_increment)
       .def_rw("torch_max_split_size", &PolicyOptions::torch_max_split_size)
       .def_rw("gmlake_frag_limit", &PolicyOptions::gmlake_frag_limit)
       .def_rw("gmlake_reuse_limit", &PolicyOptions::gmlake_reuse_limit);
@@ -456,6 +497,10 @@ void BindReplay(nb::module_& m) {
         "Replays one device of a trace through a policy; returns a dict. "
         "With timing_rounds > 1 the call times of that many replays (each "
         "with a fresh policy) are pooled.");
+  m.def("fit", &RunFit, "trace"_a, "policy"_a, "options"_a, "device"_a = 0,
+        "max_capacity"_a = std::uint64_t{1} << 40,
+        "The fit capacity of one device of a trace for a policy "
+        "(cc/replay/fit.h); returns a dict.");
   m.def("lake_view", &RunLakeView, "trace"_a, "options"_a, "device"_a = 0,
         "snapshot_events"_a = std::vector<std::uint64_t>{},
         "stitch_snapshots"_a = 0,

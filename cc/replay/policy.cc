@@ -4,7 +4,8 @@
 namespace jaxlake::replay {
 
 std::vector<std::string> PolicyNames() {
-  return {"jaxlake", "bfc", "torch", "torch-expandable", "gmlake"};
+  return {"jaxlake", "bfc", "torch", "torch-expandable", "gmlake",
+          "xla-vmm",  "bfc-growth"};
 }
 
 std::unique_ptr<Policy> MakePolicy(const std::string& name,
@@ -27,6 +28,8 @@ std::unique_ptr<Policy> MakePolicy(const std::string& name,
   if (name == "torch") return MakeTorchPolicy(options);
   if (name == "torch-expandable") return MakeExpandablePolicy(options);
   if (name == "gmlake") return MakeGmlakePolicy(options);
+  if (name == "xla-vmm") return MakeXlaVmmPolicy(options);
+  if (name == "bfc-growth") return MakeBfcGrowthPolicy(options);
   std::string known;
   for (const std::string& n : PolicyNames())
     known += (known.empty() ? "" : ", ") + n;

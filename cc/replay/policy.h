@@ -7,6 +7,8 @@
 //   torch             PyTorch's CUDA caching allocator        (torch.cc)
 //   torch-expandable  PyTorch's expandable segments           (expandable.cc)
 //   gmlake            GMLake as published                     (gmlake.cc)
+//   xla-vmm           XLA's DeviceAddressVmmAllocator         (xla_vmm.cc)
+//   bfc-growth        XLA's BFC over one growing range        (bfc_growth.cc)
 //
 // The baselines are models of each allocator's documented behaviour (see
 // docs/benchmarks.md for the rules each one follows and where they come
@@ -56,6 +58,9 @@ struct PolicyOptions {
   // bfc: the first region (then doubling) and the split threshold.
   std::size_t bfc_initial_region = 2 * kMiB;
   std::size_t bfc_max_internal_fragmentation = 128 * kMiB;
+  // bfc-growth: XLA_PJRT_GPU_BFC_GROWTH_INCREMENT_BYTES, the first size
+  // tried for each extension of the growing range.
+  std::size_t bfc_growth_increment = 64 * kMiB;
 
   // torch and torch-expandable: PYTORCH_CUDA_ALLOC_CONF max_split_size_mb
   // (0: unlimited, the default).
@@ -122,6 +127,8 @@ std::unique_ptr<Policy> MakeBfcPolicy(const PolicyOptions& o);
 std::unique_ptr<Policy> MakeTorchPolicy(const PolicyOptions& o);
 std::unique_ptr<Policy> MakeExpandablePolicy(const PolicyOptions& o);
 std::unique_ptr<Policy> MakeGmlakePolicy(const PolicyOptions& o);
+std::unique_ptr<Policy> MakeXlaVmmPolicy(const PolicyOptions& o);
+std::unique_ptr<Policy> MakeBfcGrowthPolicy(const PolicyOptions& o);
 
 // Shared helpers of the models.
 inline std::size_t RoundUp(std::size_t x, std::size_t to) {

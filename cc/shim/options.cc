@@ -29,6 +29,7 @@ constexpr SizeOption kSizes[] = {
     {"stitch_min", "JAXLAKE_STITCH_MIN", &LakeOptions::stitch_min},
     {"max_pieces", "JAXLAKE_MAX_PIECES", &LakeOptions::max_pieces},
     {"stitch_cache", "JAXLAKE_STITCH_CACHE", &LakeOptions::stitch_cache},
+    {"grow_min", "JAXLAKE_GROW_MIN", &LakeOptions::grow_min},
 };
 constexpr BoolOption kBools[] = {
     {"stitch", "JAXLAKE_STITCH", &LakeOptions::stitch},

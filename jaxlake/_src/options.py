@@ -129,6 +129,9 @@ OPTIONS: Tuple[Option, ...] = (
            "Most pieces (map calls) in one stitched range; 0: no limit."),
     Option("stitch_cache", "count", 64,
            "Freed stitched ranges kept mapped for reuse."),
+    Option("grow_min", "size", 0,
+           "Least bytes of a segment made to grow the lake (cut to the "
+           "capacity left); 0: the request's chunks only."),
     Option("record_trace", "bool", False,
            "Keep an in-memory trace of allocate/free events (Lake.trace())."),
 )

@@ -25,7 +25,9 @@ from jaxlake._src.bench.replay import (Capacity, Latency, LatencyError,
 
 #: What the table's columns mean (bench and replay).
 UNITS_NOTE = (
-    "U: peak live / peak reserved; W: peak reserved - peak live; "
+    "U_fit: peak live / fit capacity (the smallest device, in whole "
+    "granules, that runs the trace); fit drv: modelled driver time at it; "
+    "U: peak live / peak reserved, uncapped; W: peak reserved - peak live; "
     "calls: driver memory calls; maps: map calls; median/p99: CPU time of "
     "one allocator call, pooled over up to 20 replays of a short trace "
     "(it varies from run to run and machine to machine); Mev/s: replay speed; cap: out of memory under the capacity, "
@@ -150,6 +152,12 @@ def register(commands: Any) -> None:
                    help="device memory: a size ('16GiB', '16G', '1e9'), a "
                         "multiple of the peak live bytes ('1.1x'), or "
                         "'none' (default)")
+    r.add_argument("--fit", action="store_true",
+                   help="also find each policy's fit capacity: the "
+                        "smallest device, in whole 2 MiB granules, that "
+                        "runs the trace with no out-of-memory, with U_fit "
+                        "and the driver calls and time there (always in "
+                        "--json)")
     r.add_argument("--json", metavar="OUT",
                    help="also write the results as JSON to OUT (folders "
                         "are created); - writes them to standard output "
@@ -286,7 +294,8 @@ def bench_command(args: argparse.Namespace,
                               enabled=False if args.no_progress else None)
     try:
         suite = bench.run_suite(paths, policies, args.capacity, progress,
-                                lenient=args.lenient, latency=latency)
+                                lenient=args.lenient, latency=latency,
+                                fit=True)
     except tracefile.TraceError as e:
         progress.close()
         _error("bench", str(e))
@@ -364,7 +373,8 @@ def replay_command(args: argparse.Namespace,
     trace = _read("replay", args.trace, args.lenient, out)
     if trace is None:
         return EXIT_INPUT
-    results = [replay(trace, p, args.capacity, latency=latency)
+    fit = bool(args.fit or args.json)
+    results = [replay(trace, p, args.capacity, latency=latency, fit=fit)
                for p in policies]
     first = results[0]
     out.write(f"{trace.name}: {len(trace)} events, {first.devices} "
@@ -381,6 +391,22 @@ def replay_command(args: argparse.Namespace,
             peak = r.capped_peak_reserved or r.peak_reserved
             out.write(f"{r.policy}: fits the capacity (peak reserved "
                       f"{format_bytes(peak)})\n")
+    if args.fit:
+        out.write("\n")
+        for r in results:
+            if r.fit_capacity is None:
+                out.write(f"{r.policy}: no fit capacity up to the device "
+                          f"({format_bytes(r.device_memory)})\n")
+                continue
+            odd = (" (not monotone: a smaller capacity ran where a larger "
+                   "one failed)") if r.fit_nonmonotone else ""
+            per = " per device (the largest)" if r.devices > 1 else ""
+            out.write(f"{r.policy}: fit capacity "
+                      f"{format_bytes(r.fit_capacity)}{per}, U_fit "
+                      f"{r.u_fit or 0:.3f}; there {r.fit_memory_calls} "
+                      f"driver calls, {bench.format_ns(r.fit_driver_ms * 1e6)}"
+                      f" modelled driver time, {r.fit_steady_calls} in the "
+                      f"second half{odd}\n")
     if args.json:
         data = {"format": "jaxlake-replay", "version": 1,
                 "trace": {"name": trace.name, "path": trace.path,

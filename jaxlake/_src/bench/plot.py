@@ -29,6 +29,8 @@ COLOURS = {
     "torch": "#2166ac",
     "torch-expandable": "#67a9cf",
     "gmlake": "#e08214",
+    "xla-vmm": "#762a83",
+    "bfc-growth": "#f4a582",
 }
 #: Line style per policy: jaxlake solid and under the others; the
 #: baselines dashed, each with its own pattern.
@@ -39,6 +41,9 @@ STYLES: Dict[str, Dict[str, Any]] = {
     "torch-expandable": {"linestyle": (0, (6, 2, 1, 2)), "linewidth": 1.2,
                          "zorder": 4},
     "gmlake": {"linestyle": (0, (3, 2)), "linewidth": 1.2, "zorder": 5},
+    "xla-vmm": {"linestyle": (0, (2, 1, 2, 3)), "linewidth": 1.2,
+                "zorder": 4},
+    "bfc-growth": {"linestyle": (0, (8, 3)), "linewidth": 1.2, "zorder": 4},
 }
 #: Colours of the kinds in the breakdown (docs/traces.md's kinds).
 KIND_COLOURS = {

@@ -49,7 +49,7 @@ def _core() -> Any:
 
 def policy_names() -> Tuple[str, ...]:
     """The policies, in table order: jaxlake, bfc, torch, torch-expandable,
-    gmlake."""
+    gmlake, xla-vmm, bfc-growth."""
     return tuple(_core().policy_names())
 
 
@@ -298,6 +298,36 @@ class ReplayResult:
     # The least physical memory any policy needs: each device's peak live
     # bytes rounded up to the driver's granularity (bytes, summed).
     min_reserved: int = 0
+    # Fit capacity (replay(fit=True), cc/replay/fit.h): the smallest
+    # capacity in whole granules under which every device replays with no
+    # out-of-memory (bytes per device, the largest device's), U_fit = peak
+    # live / fit capacity (summed over devices), and the driver calls and
+    # modelled driver time (us) of the replays at that capacity. None when
+    # not asked, or when no capacity up to the device fits.
+    fit_capacity: Optional[int] = None
+    u_fit: Optional[float] = None
+    fit_calls: Dict[str, int] = dataclasses.field(default_factory=dict)
+    fit_calls_second_half: Dict[str, int] = dataclasses.field(
+        default_factory=dict)
+    fit_driver_us: Dict[str, float] = dataclasses.field(default_factory=dict)
+    # A capacity below a failing one succeeded (the search checked the
+    # granules just below its boundary).
+    fit_nonmonotone: bool = False
+
+    @property
+    def fit_memory_calls(self) -> int:
+        """Memory calls of the replay at the fit capacity."""
+        return sum(self.fit_calls.get(k, 0) for k in MEMORY_CALLS)
+
+    @property
+    def fit_steady_calls(self) -> int:
+        """Memory calls in the second half at the fit capacity."""
+        return sum(self.fit_calls_second_half.get(k, 0) for k in MEMORY_CALLS)
+
+    @property
+    def fit_driver_ms(self) -> float:
+        """Modelled driver time at the fit capacity (milliseconds)."""
+        return sum(self.fit_driver_us.values()) / 1000.0
 
     @property
     def best_utilisation(self) -> float:
@@ -331,6 +361,9 @@ class ReplayResult:
         out["steady_calls"] = self.steady_calls
         out["driver_ms"] = self.driver_ms
         out["steady_driver_ms"] = self.steady_driver_ms
+        out["fit_memory_calls"] = self.fit_memory_calls
+        out["fit_steady_calls"] = self.fit_steady_calls
+        out["fit_driver_ms"] = self.fit_driver_ms
         if not timeline:
             for key in ("timeline_event", "timeline_live",
                         "timeline_reserved"):
@@ -418,7 +451,7 @@ def replay(trace: Trace, policy: str,
            check_every: int = 0,
            options: Optional[Dict[str, Any]] = None,
            latency: Optional[Latency] = None,
-           rounds: Optional[int] = None) -> ReplayResult:
+           rounds: Optional[int] = None, fit: bool = False) -> ReplayResult:
     """Replays every device of `trace` through `policy`.
 
     Without a capacity each device is simulated as device_bytes() says
@@ -436,6 +469,8 @@ def replay(trace: Trace, policy: str,
     `rounds`: replays whose call times are pooled for the time figures
     (None: timing_rounds() of each device's events; the other figures are
     the first replay's).
+    `fit`: also search each device's fit capacity (up to its uncapped
+    device size) and fill the fit_* fields and u_fit.
     """
     check_policies([policy])
     cap = capacity if isinstance(capacity, Capacity) or capacity is None \
@@ -511,6 +546,8 @@ def replay(trace: Trace, policy: str,
                               for d in devices)
     if first_oom is not None:  # the device itself is too small
         result.oom = _oom(first_oom)
+    if fit:
+        _fit(result, trace, policy, device_options, sizes)
     if cap is None:
         return result
     capped_peak = 0
@@ -533,6 +570,31 @@ def replay(trace: Trace, policy: str,
             result.oom = _oom(c)
     result.capped_peak_reserved = capped_peak
     return result
+
+
+def _fit(result: ReplayResult, trace: Trace, policy: str,
+         device_options: Dict[int, Any], sizes: Dict[int, int]) -> None:
+    """Fills result's fit fields, device by device."""
+    total_fit = 0
+    total_live = 0
+    for d, o in device_options.items():
+        f = dict(_core().fit(trace.core, policy, o, d, sizes[d]))
+        if not f["found"]:
+            return
+        total_fit += int(f["capacity"])
+        total_live += int(f["peak_live"])
+        result.fit_capacity = max(result.fit_capacity or 0,
+                                  int(f["capacity"]))
+        result.fit_nonmonotone |= bool(f["nonmonotone"])
+        at = f["at_fit"]
+        for key, into in (("calls", result.fit_calls),
+                          ("calls_second_half", result.fit_calls_second_half)):
+            for k, v in at[key].items():
+                into[k] = into.get(k, 0) + int(v)
+        for k, v in at["driver_us"].items():
+            result.fit_driver_us[k] = result.fit_driver_us.get(k, 0.0) + \
+                float(v)
+    result.u_fit = total_live / total_fit if total_fit else 0.0
 
 
 def replay_all(trace: Trace, policies: Optional[Sequence[str]] = None,

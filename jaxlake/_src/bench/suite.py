@@ -124,9 +124,11 @@ def run_suite(paths: Sequence[str], policies: Optional[Sequence[str]] = None,
               progress: Optional[Progress] = None,
               lenient: bool = False,
               timeline_points: int = 1000,
-              latency: Optional[Latency] = None) -> List[TraceResults]:
+              latency: Optional[Latency] = None,
+              fit: bool = False) -> List[TraceResults]:
     """Replays every trace through every policy (driver time charged by
-    `latency`, or the default model)."""
+    `latency`, or the default model); `fit`: with each policy's fit
+    capacity (replay(fit=True))."""
     names = check_policies(policies) if policies else list(policy_names())
     out: List[TraceResults] = []
     for path in paths:
@@ -139,7 +141,7 @@ def run_suite(paths: Sequence[str], policies: Optional[Sequence[str]] = None,
                 progress.update(f"{trace.name} / {name}")
             results.append(replay(trace, name, capacity,
                                   timeline_points=timeline_points,
-                                  latency=latency))
+                                  latency=latency, fit=fit))
             if progress:
                 progress.step(f"{trace.name} / {name}")
         first = results[0]
@@ -181,7 +183,7 @@ def format_ns(ns: float) -> str:
 
 #: The table's columns. Sizes and times carry their unit in each cell,
 #: chosen by magnitude (format_bytes, format_ns).
-COLUMNS = ("trace", "policy", "U", "W", "peak", "calls", "maps",
+COLUMNS = ("trace", "policy", "U_fit", "fit drv", "U", "W", "peak", "calls", "maps",
            "stitches", "median", "p99", "Mev/s", "cap", "driver",
            "2nd calls", "2nd driver")
 
@@ -190,13 +192,21 @@ def _ms(x: float) -> str:
     return f"{x:.1f}" if x < 1000 else f"{x:.0f}"
 
 
+def _u_fit(r: ReplayResult) -> str:
+    return "-" if r.u_fit is None else f"{r.u_fit:.3f}"
+
+
+def _fit_driver(r: ReplayResult) -> str:
+    return "-" if r.u_fit is None else format_ns(r.fit_driver_ms * 1e6)
+
+
 def table_rows(suite: Sequence[TraceResults]) -> List[List[str]]:
     rows: List[List[str]] = []
     for tr in suite:
         for i, r in enumerate(tr.results):
             rows.append([
-                tr.name if i == 0 else "", r.policy,
-                f"{r.utilisation:.3f}", format_bytes(r.waste),
+                tr.name if i == 0 else "", r.policy, _u_fit(r),
+                _fit_driver(r), f"{r.utilisation:.3f}", format_bytes(r.waste),
                 format_bytes(r.peak_reserved),
                 str(r.memory_calls), str(r.calls.get("map", 0)),
                 str(r.counters.get("stitches", 0)),
@@ -219,6 +229,10 @@ def summary_rows(suite: Sequence[TraceResults]) -> List[List[str]]:
         ooms = sum(1 for r in capped if r.oom is not None)
         rows.append([
             "geomean", policy,
+            f"{geomean(r.u_fit for r in rs if r.u_fit is not None):.3f}"
+            if any(r.u_fit is not None for r in rs) else "-",
+            format_ns(sum(r.fit_driver_ms for r in rs) * 1e6) + "+"
+            if any(r.u_fit is not None for r in rs) else "-",
             f"{geomean(r.utilisation for r in rs):.3f}",
             format_bytes(sum(r.waste for r in rs) / len(rs)) + "*",
             format_bytes(geomean(r.peak_reserved for r in rs)),
@@ -285,6 +299,7 @@ def comparisons(suite: Sequence[TraceResults]) -> List[Comparison]:
         f"lowest U {worst[0].utilisation:.3f} on {worst[1].name}" +
         "".join(f"; {tr.name}: U {r.utilisation:.3f}, bound "
                 f"{r.best_utilisation:.3f}" for r, tr in bounded)))
+    out.extend(_fit_comparisons(suite, policies))
     beaten = []
     for tr in suite:
         mine = tr.by_policy()["jaxlake"].utilisation
@@ -344,6 +359,39 @@ def comparisons(suite: Sequence[TraceResults]) -> List[Comparison]:
             "driver map calls, jaxlake vs gmlake (suite total)", None,
             f"{mine} vs {theirs} ({ratio})"))
     return out
+
+
+def _fit_comparisons(suite: Sequence[TraceResults],
+                     policies: Sequence[str]) -> List[Comparison]:
+    """jaxlake's U_fit against every peer's, and its driver time at the fit
+    capacity against every peer whose U_fit is within 0.01 of it."""
+    if any(r.u_fit is None for tr in suite for r in tr.results
+           if r.policy == "jaxlake"):
+        return []
+    beaten: List[str] = []
+    slower: List[str] = []
+    for tr in suite:
+        mine = tr.by_policy()["jaxlake"]
+        for r in tr.results:
+            if r.policy == "jaxlake" or r.u_fit is None:
+                continue
+            if r.u_fit > (mine.u_fit or 0) + 1e-12:
+                beaten.append(f"{tr.name}: {r.policy} {r.u_fit:.3f} > "
+                              f"{mine.u_fit:.3f}")
+            if r.u_fit >= (mine.u_fit or 0) - 0.01 and \
+                    r.fit_driver_ms <= mine.fit_driver_ms:
+                slower.append(f"{tr.name}: {r.policy} "
+                              f"{format_ns(r.fit_driver_ms * 1e6)} <= "
+                              f"{format_ns(mine.fit_driver_ms * 1e6)}")
+    peers = ", ".join(p for p in policies if p != "jaxlake") or "no policy"
+    return [
+        Comparison("jaxlake U_fit >= every other policy's U_fit, per trace",
+                   not beaten, "; ".join(beaten) if beaten else
+                   f"held on {len(suite)} trace(s) against {peers}"),
+        Comparison("jaxlake driver time at the fit capacity below every "
+                   "policy within 0.01 of its U_fit, per trace", not slower,
+                   "; ".join(slower) if slower else
+                   f"held on {len(suite)} trace(s)")]
 
 
 def format_comparisons(items: Sequence[Comparison]) -> str:
