@@ -10,7 +10,8 @@ PY="${JAXLAKE_NEWEST_PYTHON:-}"
 if [ -z "$PY" ]; then
   for candidate in python3.12 python3.13 "$HOME"/.pyenv/versions/3.12*/bin/python3.12 \
       "$HOME"/.pyenv/versions/3.13*/bin/python3.13; do
-    if command -v "$candidate" >/dev/null 2>&1; then PY="$candidate"; break; fi
+    # A pyenv shim is on PATH even when that version is not selected: try it.
+    if "$candidate" -c "import sys" >/dev/null 2>&1; then PY="$candidate"; break; fi
   done
 fi
 if [ -z "$PY" ]; then
