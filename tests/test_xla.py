@@ -76,17 +76,20 @@ def test_shim_environment_normalises_values() -> None:
 
 
 def test_setting_warnings_name_the_bypass() -> None:
+    modes = xla_cli.update_modes()
+    other = [m for m in modes if m != "ALWAYS_UPDATE"]
+    assert other, modes
     warn = xla_cli.setting_warnings({
-        "XLA_FLAGS": "--xla_gpu_command_buffer_update_mode=NEVER_UPDATE",
+        "XLA_FLAGS": f"--xla_gpu_command_buffer_update_mode={other[0]}",
         "XLA_PYTHON_CLIENT_ALLOCATOR": "bfc",
         "XLA_PYTHON_CLIENT_PREALLOCATE": "true"})
     assert len(warn) == 3, warn
-    assert "NEVER_UPDATE" in warn[0] and "own VMM allocator" in warn[0]
+    assert other[0] in warn[0] and "own VMM allocator" in warn[0]
+    assert "docs/benchmarks.md" in warn[0]
     assert "bfc" in warn[1]
     assert "preallocation" in warn[2]
-    warn = xla_cli.setting_warnings({
-        "XLA_FLAGS": "--xla_gpu_command_buffer_update_mode=CAPTURE_CMD_NEVER_UPDATE"})
-    assert len(warn) == 1 and "own VMM allocator" in warn[0]
+    warn = xla_cli.setting_warnings({"XLA_PYTHON_CLIENT_ALLOCATOR": "vmm"})
+    assert len(warn) == 1 and "own VMM allocator instead of the lake" in warn[0]
     # A value XLA does not know is named as such, not as a bypass.
     warn = xla_cli.setting_warnings({
         "XLA_FLAGS": "--xla_gpu_command_buffer_update_mode=RECONSTRUCT"})
@@ -96,6 +99,70 @@ def test_setting_warnings_name_the_bypass() -> None:
     assert not xla_cli.setting_warnings({"XLA_FLAGS": "--xla_gpu_autotune_level=0"})
 
 
+def test_routing_flags_are_named_and_checked_against_the_plugin() -> None:
+    from jaxlake._src.xla import plugin
+    known = plugin.PluginInfo("fake.so", frozenset({
+        "xla_gpu_temp_buffer_use_separate_color",
+        "xla_gpu_enable_nccl_user_buffers",
+        "xla_gpu_command_buffer_update_mode"}), ("ALWAYS_UPDATE", "SKIP_TEMP"))
+    warn = plugin.routing_warnings({}, {
+        "xla_gpu_temp_buffer_use_separate_color": "true",
+        "xla_gpu_enable_nccl_user_buffers": "true",
+        "xla_gpu_experimental_enable_nccl_symmetric_buffers": "true",
+        "xla_gpu_command_buffer_update_mode": "NEVER_UPDATE"}, known)
+    assert len(warn) == 4, warn
+    assert "not one of XLA's values (ALWAYS_UPDATE, SKIP_TEMP)" in warn[0]
+    assert "second cuda_async allocator" in warn[1]
+    assert "NCCL" in warn[2]
+    assert "symmetric" in warn[3] and "does not know" in warn[3]
+    assert not plugin.routing_warnings({}, {
+        "xla_gpu_temp_buffer_use_separate_color": "false"}, known)
+
+
+def test_enum_values_read_a_serialized_descriptor() -> None:
+    from jaxlake._src.xla import plugin
+    def value(name: bytes, n: int) -> bytes:
+        body = b"\n" + bytes([len(name)]) + name + b"\x10" + bytes([n])
+        return b"\x12" + bytes([len(body)]) + body
+    data = (b"junk\n\x17CommandBufferUpdateMode" + value(b"ALWAYS_UPDATE", 0)
+            + value(b"SKIP_TEMP", 1) + b'"\x10\n\x0eCUDNN_NEXT_ENUM')
+    assert plugin.enum_values(data, "CommandBufferUpdateMode") == (
+        "ALWAYS_UPDATE", "SKIP_TEMP")
+    assert plugin.enum_values(data, "Missing") == ()
+
+
+def test_version_mismatches_are_warned() -> None:
+    from jaxlake._src.xla import plugin
+    same = {"jax": "0.12.0.1", "jaxlib": "0.12.0.1",
+            "jax-cuda12-plugin": "0.12.0.1", "jax-cuda12-pjrt": "0.12.0.1"}
+    assert plugin.version_warnings(same) == []
+    warn = plugin.version_warnings({**same, "jax-cuda12-plugin": "0.10.2",
+                                    "jax-cuda12-pjrt": "0.10.2"})
+    assert len(warn) == 1 and "jax-cuda12-plugin 0.10.2" in warn[0]
+    assert "pip install 'jax-cuda12-plugin==0.12.0.1' " \
+        "'jax-cuda12-pjrt==0.12.0.1'" in warn[0]
+    warn = plugin.version_warnings({"jax": "0.13.0", "jaxlib": "0.12.0.1"})
+    assert any("same release" in w for w in warn)
+    assert any("jax 0.13.0 is outside the range" in w for w in warn)
+    warn = plugin.version_warnings({"jax": "0.9.2", "jaxlib": "0.9.2",
+                                    "jax-cuda13-plugin": "0.9.2",
+                                    "jax-cuda13-pjrt": "0.9.2"})
+    assert len(warn) == 2 and all("outside the range" in w for w in warn)
+
+
+def test_doctor_names_a_version_mismatch(monkeypatch: Any) -> None:
+    import io
+    from jaxlake._src.xla import plugin
+    monkeypatch.setattr(plugin, "installed_versions", lambda: {
+        "jax": "0.12.0.1", "jaxlib": "0.12.0.1",
+        "jax-cuda12-plugin": "0.10.2", "jax-cuda12-pjrt": "0.10.2"})
+    out = io.StringIO()
+    xla_cli.doctor(out, start_jax=False)
+    assert "warning: jax-cuda12-plugin 0.10.2, jax-cuda12-pjrt 0.10.2 " \
+        "with jaxlib 0.12.0.1" in out.getvalue(), out.getvalue()
+    assert "tested jax:" in out.getvalue()
+
+
 def test_update_modes_are_the_plugins_own() -> None:
     """The update modes the doctor knows are those of the installed CUDA
     plugin's CommandBufferUpdateMode enum, and no other."""
@@ -103,26 +170,23 @@ def test_update_modes_are_the_plugins_own() -> None:
     data = _plugin_library().read_bytes()
     assert b"xla_gpu_command_buffer_update_mode" in data
     # The enum's serialized descriptor: its name (23 bytes), then its
-    # values' names.
+    # values, each a field-2 record up to the next enum (field 4, '"').
     at = data.index(b"\n\x17CommandBufferUpdateMode") + 25
-    values = re.findall(rb"[A-Z][A-Z_]{4,}", data[at:at + 100])
-    modes = {v.decode() for v in values} & {
-        "ALWAYS_UPDATE", "NEVER_UPDATE", "CAPTURE_CMD_NEVER_UPDATE",
-        "RECONSTRUCT"}
-    assert modes == set(xla_cli.UPDATE_MODES), values
-    assert b"xla_gpu_experimental_vmm_disabled" not in data
+    end = data.index(b'"', at)
+    values = re.findall(rb"[A-Z][A-Z_]{4,}", data[at:end])
+    assert set(xla_cli.update_modes()) == {v.decode() for v in values}
+    assert "ALWAYS_UPDATE" in xla_cli.update_modes()
 
 
 def _plugin_library() -> pathlib.Path:
-    """xla_cuda_plugin.so of the pinned jax-cuda12-plugin (test extra)."""
-    try:
-        import jax_plugins.xla_cuda12 as plugin  # type: ignore
-    except ImportError:
-        pytest.skip("jax-cuda12-plugin is not installed (the test extra "
+    """xla_cuda_plugin.so of the installed CUDA plugin (the test extra
+    brings jax-cuda12-pjrt at jaxlib's version)."""
+    from jaxlake._src.xla import plugin
+    path = plugin.plugin_library()
+    if path is None:
+        pytest.skip("no jax CUDA plugin is installed (the test extra "
                     "brings it on Python 3.11 or newer)")
-    path = pathlib.Path(plugin.__file__).parent / "xla_cuda_plugin.so"
-    assert path.is_file(), path
-    return path
+    return pathlib.Path(path)
 
 
 # -- configure() without a driver ------------------------------------------------
@@ -372,7 +436,10 @@ def test_jaxlake_run_preloads_the_shim(fake_driver: str) -> None:
 def test_doctor_reports(tmp_path: pathlib.Path) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAXLAKE")}
     env["JAX_PLATFORMS"] = "cpu"
-    env["XLA_FLAGS"] = "--xla_gpu_command_buffer_update_mode=NEVER_UPDATE"
+    # A mode of the installed plugin's other than ALWAYS_UPDATE (0.10:
+    # NEVER_UPDATE, 0.11 and 0.12: SKIP_TEMP).
+    mode = [m for m in xla_cli.update_modes() if m != "ALWAYS_UPDATE"][0]
+    env["XLA_FLAGS"] = f"--xla_gpu_command_buffer_update_mode={mode}"
     result = subprocess.run([sys.executable, "-m", "jaxlake", "doctor"],
                             env=env, capture_output=True, text=True,
                             timeout=180, cwd="/")
@@ -731,7 +798,7 @@ def _gen_symbols() -> Any:
 def test_symbol_list_covers_the_plugins_name_table() -> None:
     gen = _gen_symbols()
     names = gen.plugin_names(_plugin_library())
-    # jax-cuda12-plugin 0.10.2 resolves 638 driver names.
+    # jax-cuda12-pjrt 0.10.2 resolves 638 driver names, 0.12.0.1 645.
     assert len(names) >= 600, len(names)
     assert "cuMemAllocFromPoolAsync" in names and "cuInit" in names
     listed = gen.read_list(REPO / "cc" / "shim" / "cuda_symbols.txt")
@@ -739,6 +806,74 @@ def test_symbol_list_covers_the_plugins_name_table() -> None:
     for name in ("cuLaunchHostFunc_v2", "cuLaunchHostFunc_v2_ptsz",
                  "cudbgApiInit", "cudbgReportDriverApiError"):
         assert name in listed
+
+
+#: The plugins whose name tables the repository keeps: jax 0.10, 0.11 and
+#: 0.12, CUDA 12 and 13 (cc/shim/plugin_symbols/, from the PJRT wheels).
+SUPPORTED_PLUGINS = [f"jax-cuda{c}-pjrt-{v}" for c in (12, 13)
+                     for v in ("0.10.2", "0.11.2", "0.12.0.1")]
+
+
+def test_every_supported_plugin_has_a_name_table() -> None:
+    tables = {t.stem: t for t in _gen_symbols().tables()}
+    assert sorted(tables) == sorted(SUPPORTED_PLUGINS)
+
+
+@pytest.mark.parametrize("plugin", SUPPORTED_PLUGINS)
+def test_symbol_list_covers_each_supported_plugin(plugin: str) -> None:
+    gen = _gen_symbols()
+    table = gen.read_list(gen.TABLES / f"{plugin}.txt")
+    assert len(table) >= 600, len(table)
+    assert "cuMemAllocFromPoolAsync" in table and "cuInit" in table
+    # A table holds driver names only: no fragment like cuF or cuO.
+    assert all(gen.NAME.match(n) and len(n) >= 6 for n in table), \
+        sorted(n for n in table if len(n) < 6)
+    listed = gen.read_list(REPO / "cc" / "shim" / "cuda_symbols.txt")
+    assert sorted(table - listed) == []
+    if "0.12" in plugin:
+        assert "cuDevSmResourceSplit" in table
+
+
+@NEEDS_SHIM
+def test_the_built_shim_exports_every_supported_plugins_names() -> None:
+    gen = _gen_symbols()
+    names = sorted(set().union(*(gen.read_list(t) for t in gen.tables())))
+    assert "cuDevSmResourceSplit" in names
+    result = run_python(f"""
+        import ctypes
+        shim = ctypes.CDLL({xla.shim_path()!r})
+        missing = [n for n in {names!r} if not hasattr(shim, n)]
+        print("MISSING", len(missing), missing[:5])
+    """)
+    assert "MISSING 0 []" in result.stdout, result.stdout + result.stderr
+
+
+def test_the_scan_skips_fragments_and_tails() -> None:
+    gen = _gen_symbols()
+    data = (b"\x00cuF\x00cuO\x00cuInit\x00xcuMemFree\x00cuMemAlloc_v2\x00"
+            b"cudbgApiInit\x00cuDevSmResourceSplit\x00")
+    assert gen.plugin_names(data) == {
+        "cuInit", "cuMemAlloc_v2", "cudbgApiInit", "cuDevSmResourceSplit"}
+
+
+def test_a_table_is_made_from_a_wheel(tmp_path: pathlib.Path) -> None:
+    import zipfile
+    wheel = tmp_path / "jax_cuda13_pjrt-9.9.9-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("jax_plugins/xla_cuda13/xla_cuda_plugin.so",
+                   b"\x7fELF\x00cuInit\x00cuK\x00cuMemFreeAsync\x00")
+        z.writestr("jax_cuda13_pjrt-9.9.9.dist-info/METADATA",
+                   "Metadata-Version: 2.1\nName: jax-cuda13-pjrt\n"
+                   "Version: 9.9.9\n")
+    out = tmp_path / "list.txt"
+    out.write_text("cuExisting\n")
+    gen = _gen_symbols()
+    assert gen.main(["--wheel", str(wheel), "--out", str(out),
+                     "--tables-dir", str(tmp_path / "tables")]) == 0
+    table = tmp_path / "tables" / "jax-cuda13-pjrt-9.9.9.txt"
+    assert gen.read_list(table) == {"cuInit", "cuMemFreeAsync"}
+    assert gen.read_list(out) >= {"cuExisting", "cuInit", "cuMemFreeAsync"}
+    assert "cuK" not in gen.read_list(out)
 
 
 @NEEDS_SHIM

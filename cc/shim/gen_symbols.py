@@ -24,21 +24,35 @@ cuGetExportTable. Two sources, either or both:
                  look up must be exported, or its dlsym returns NULL; this
                  brings the debugger symbols (cudbg*) and names newer than
                  the headers at hand.
+  --wheel WHL    a jax-cuda12-pjrt or jax-cuda13-pjrt wheel (repeatable):
+                 its plugin's name table is written to
+                 plugin_symbols/<distribution>-<version>.txt beside this
+                 script (no wheel is kept in the repository).
+
+Every table in plugin_symbols/ is always added to the list, so the list is
+the union of the supported plugins' name tables (and the headers' names):
+`gen_symbols.py --tables` regenerates it from the tables alone.
 
 Names already in the output file are kept (a name once exported stays
 exported, so programs built for older drivers keep working); --replace
 starts from nothing instead. A handful of names that released drivers export
 but no header declares are always added (KNOWN_UNDECLARED).
 
-For a new CUDA release or jax plugin:
+For a new CUDA release:
 
   python3 cc/shim/gen_symbols.py --headers /usr/local/cuda-13.1/include \
-      [--nm /usr/lib/x86_64-linux-gnu/libcuda.so.1] \
-      [--plugin .../jax_plugins/xla_cuda12/xla_cuda_plugin.so]
+      [--nm /usr/lib/x86_64-linux-gnu/libcuda.so.1]
 
-tests/test_xla.py reads the name table of the installed plugin (the test
-extra pins jax-cuda12-plugin) with plugin_names() and checks that the list
-and the built shim cover it.
+For a new jax release (both CUDA major versions; the wheels are the
+PJRT plugins, which hold xla_cuda_plugin.so):
+
+  pip download --no-deps -d /tmp/w jax-cuda12-pjrt==V jax-cuda13-pjrt==V
+  python3 cc/shim/gen_symbols.py --wheel /tmp/w/jax_cuda12_pjrt-V-*.whl \
+      --wheel /tmp/w/jax_cuda13_pjrt-V-*.whl
+
+tests/test_xla.py checks that the list and the built shim cover every
+table in plugin_symbols/, and the name table of the installed plugin
+(read with plugin_names()).
 
 then rebuild; CMake regenerates the trampolines from the list.
 """
@@ -51,10 +65,14 @@ import re
 import subprocess
 import sys
 import tempfile
+import textwrap
+import zipfile
 from pathlib import Path
-from typing import Iterable, List, Set
+from typing import Iterable, List, Set, Tuple, Union
 
 DEFAULT_OUT = Path(__file__).resolve().parent / "cuda_symbols.txt"
+#: One name table per supported plugin (distribution-version.txt).
+TABLES = Path(__file__).resolve().parent / "plugin_symbols"
 
 HEADERS = ["cuda.h", "cudaProfiler.h", "cudaGL.h", "cudaEGL.h", "cudaVDPAU.h"]
 # Headers of other libraries that the interop headers include.
@@ -76,9 +94,11 @@ NAME = re.compile(r"^(?:cu(?:da)?[A-Z][A-Za-z0-9_]*|cudbg[A-Za-z0-9_]+)$")
 # A driver name as a NUL-terminated string of a plugin's read-only data
 # (the table it passes to dlsym): cuXxx..., with optional _v2/_ptsz-style
 # suffixes, or a debugger symbol cudbgXxx. Preceded by a NUL too, so that
-# the tails of longer strings do not count.
+# the tails of longer strings do not count. At least three characters
+# follow "cu" (cuInit is the shortest driver name): a shorter string such
+# as "cuF" or "cuO" is a fragment of code or data, not a name.
 PLUGIN_NAME = re.compile(
-    rb"(?<=\x00)(cu(?:[A-Z][A-Za-z0-9]*)+(?:_[A-Za-z0-9]+)*|"
+    rb"(?<=\x00)(cu[A-Z][A-Za-z0-9]{2,}(?:_[A-Za-z0-9]+)*|"
     rb"cudbg[A-Za-z0-9_]+)\x00")
 DECLARED = re.compile(r"\bCUresult\s+(?:CUDAAPI\s+)?(cu[A-Z]\w*)\s*\(")
 STATIC = re.compile(
@@ -124,10 +144,47 @@ def from_nm(lib: Path) -> Set[str]:
     return names
 
 
-def plugin_names(lib: Path) -> Set[str]:
-    """The driver names in a jax CUDA plugin's name table."""
-    data = Path(lib).read_bytes()
+def plugin_names(lib: Union[Path, str, bytes]) -> Set[str]:
+    """The driver names in a jax CUDA plugin's name table (a path, or the
+    library's bytes)."""
+    data = lib if isinstance(lib, bytes) else Path(lib).read_bytes()
     return {m.group(1).decode() for m in PLUGIN_NAME.finditer(data)}
+
+
+def wheel_names(wheel: Path) -> Tuple[str, Set[str]]:
+    """(distribution-version, name table) of a jax CUDA PJRT wheel, read
+    from its xla_cuda_plugin.so and dist-info without unpacking it."""
+    with zipfile.ZipFile(wheel) as z:
+        libs = [n for n in z.namelist()
+                if n.endswith("/xla_cuda_plugin.so")]
+        metas = [n for n in z.namelist()
+                 if n.endswith(".dist-info/METADATA")]
+        if len(libs) != 1 or len(metas) != 1:
+            sys.exit(f"gen_symbols: {wheel} is not a jax CUDA PJRT wheel "
+                     "(one xla_cuda_plugin.so and one METADATA expected)")
+        meta = z.read(metas[0]).decode("utf-8", "replace")
+        names = plugin_names(z.read(libs[0]))
+    fields = dict(re.findall(r"^(Name|Version): (\S+)$", meta, re.M))
+    if "Name" not in fields or "Version" not in fields:
+        sys.exit(f"gen_symbols: {wheel} has no Name/Version in METADATA")
+    return f"{fields['Name'].lower()}-{fields['Version']}", names
+
+
+def write_table(folder: Path, key: str, names: Set[str], source: str) -> Path:
+    """Writes one plugin's name table as folder/<key>.txt."""
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{key}.txt"
+    ordered = sorted(names)
+    head = [f"# Driver names in the name table of {key}'s xla_cuda_plugin.so,",
+            f"# read by cc/shim/gen_symbols.py from {source}.",
+            f"# {len(ordered)} names. Regenerate, do not edit."]
+    path.write_text("\n".join(head + ordered) + "\n")
+    return path
+
+
+def tables(folder: Path = TABLES) -> List[Path]:
+    """The plugin name tables kept in the repository."""
+    return sorted(folder.glob("*.txt")) if folder.is_dir() else []
 
 
 def read_list(path: Path) -> Set[str]:
@@ -141,6 +198,21 @@ def read_list(path: Path) -> Set[str]:
     return out
 
 
+def read_sources(path: Path) -> List[str]:
+    """The sources an earlier run named in the list's header."""
+    if not path.is_file():
+        return []
+    text = []
+    for line in path.read_text().splitlines():
+        if not line.startswith("#"):
+            break
+        text.append(line.lstrip("#").strip())
+    joined = " ".join(text)
+    m = re.search(r"sources(?: so far| of the last run)?: (.*?)\.\s+\d+ names",
+                  joined)
+    return [s.strip() for s in m.group(1).split(";")] if m else []
+
+
 def write_list(path: Path, names: Iterable[str], sources: List[str]) -> int:
     ordered = sorted(set(names))
     bad = [n for n in ordered if not NAME.match(n)]
@@ -149,7 +221,8 @@ def write_list(path: Path, names: Iterable[str], sources: List[str]) -> int:
     head = [
         "# CUDA driver entry points exported by the jaxlake shim, one a line.",
         "# Generated by cc/shim/gen_symbols.py (keeps names already listed);",
-        "# sources of the last run: " + ", ".join(sources) + ".",
+        *("# " + line for line in textwrap.wrap(
+            "sources so far: " + "; ".join(sources) + ".", 74)),
         f"# {len(ordered)} names. Regenerate for a new CUDA release, do not",
         "# edit by hand except to add a name a real driver exports.",
     ]
@@ -166,18 +239,32 @@ def main(argv: List[str]) -> int:
     parser.add_argument("--plugin", type=Path, action="append", default=[],
                         help="a jax CUDA plugin (xla_cuda_plugin.so) whose "
                              "driver name table to cover")
+    parser.add_argument("--wheel", type=Path, action="append", default=[],
+                        help="a jax-cuda12-pjrt/jax-cuda13-pjrt wheel whose "
+                             "plugin's name table to keep in plugin_symbols/")
+    parser.add_argument("--tables", action="store_true",
+                        help="only add the tables in plugin_symbols/")
+    parser.add_argument("--tables-dir", type=Path, default=TABLES,
+                        help=argparse.SUPPRESS)
     parser.add_argument("--cc", default=os.environ.get("CC", "cc"),
                         help="C compiler used as preprocessor (default: $CC or cc)")
     parser.add_argument("--out", type=Path, default=DEFAULT_OUT)
     parser.add_argument("--replace", action="store_true",
                         help="do not keep the names already in --out")
     args = parser.parse_args(argv)
-    if not args.headers and not args.nm and not args.plugin:
-        parser.error("give --headers DIR, --nm LIB and/or --plugin LIB")
+    if not (args.headers or args.nm or args.plugin or args.wheel
+            or args.tables):
+        parser.error("give --headers DIR, --nm LIB, --plugin LIB, "
+                     "--wheel WHL and/or --tables")
+    for wheel in args.wheel:
+        key, found = wheel_names(wheel)
+        path = write_table(args.tables_dir, key, found, wheel.name)
+        print(f"{path}: {len(found)} names")
 
     old = set() if args.replace else read_list(args.out)
     names = set(old) | set(KNOWN_UNDECLARED)
-    sources = []
+    sources: List[str] = []
+    earlier = [] if args.replace else read_sources(args.out)
     for include in args.headers:
         found = from_headers(include, args.cc)
         version = re.search(r"#define\s+CUDA_VERSION\s+(\d+)",
@@ -193,6 +280,15 @@ def main(argv: List[str]) -> int:
         found = plugin_names(lib)
         sources.append(f"plugin {lib.parent.name}/{lib.name} ({len(found)})")
         names |= found
+    kept = tables(args.tables_dir)
+    for table in kept:
+        names |= read_list(table)
+    if kept:
+        sources.append("plugin tables (plugin_symbols/) "
+                       + ", ".join(t.stem for t in kept))
+    # A source named again replaces its earlier mention.
+    sources += [s for s in earlier if not s.startswith("plugin tables")
+                and s not in sources]
     count = write_list(args.out, names, sources)
     added = len(names - old)
     print(f"{args.out}: {count} names ({added} new)")

@@ -82,6 +82,17 @@ def plugin_problem() -> Optional[str]:
         "installed"
 
 
+def install_advice() -> str:
+    """The exact pip command that brings the CUDA plugin and PJRT at the
+    installed jaxlib's version, and the extra that does the same."""
+    from jaxlake._src.xla import plugin
+    command = plugin.plugin_command(plugin.installed_versions())
+    extra = "pip install 'jaxlake[record]' (or 'jaxlake[record-cuda13]')"
+    if command is None:
+        return extra
+    return f"{command}, as the installed jaxlib needs (or {extra})"
+
+
 def gpu_devices(count: int, target: str = DEFAULT_TARGET) -> List[Any]:
     """`count` compile-only CUDA devices for `target` (cached)."""
     key = (target, count)
@@ -90,8 +101,8 @@ def gpu_devices(count: int, target: str = DEFAULT_TARGET) -> List[Any]:
         if problem is not None:
             raise RecorderError(
                 f"the recorder compiles for the GPU without one, through "
-                f"JAX's CUDA plugin, and {problem}: pip install "
-                "'jaxlake[record]' (no GPU or NVIDIA library needed)")
+                f"JAX's CUDA plugin, and {problem}: {install_advice()} (no "
+                "GPU or NVIDIA library needed)")
         from jax.experimental import topologies
         spec = target_config(target)
         try:
@@ -104,7 +115,7 @@ def gpu_devices(count: int, target: str = DEFAULT_TARGET) -> List[Any]:
                 "device-less CUDA compilation is not available: "
                 f"{type(e).__name__}: {e}. The recorder needs "
                 "jax-cuda12-plugin and jax-cuda12-pjrt of the same version "
-                "as jaxlib: pip install 'jaxlake[record]'; no GPU or "
+                f"as jaxlib: {install_advice()}; no GPU or "
                 "driver is needed, but without one JAX_PLATFORMS=cpu (or "
                 "jax.config.update('jax_platforms', 'cpu')) must be set "
                 "before jax starts, or the CUDA plugin fails its driver "

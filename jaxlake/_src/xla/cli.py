@@ -7,9 +7,10 @@ import os
 import platform
 import sys
 from importlib import metadata
-from typing import Any, Dict, List, Optional, TextIO
+from typing import Any, Dict, List, Optional, TextIO, Tuple
 
 from jaxlake._src.xla import integration as xla
+from jaxlake._src.xla import plugin
 from jaxlake._src.xla import startup
 from jaxlake._src import options as _options
 from jaxlake._src.errors import ConfigurationError
@@ -129,40 +130,26 @@ def _run_without_lake(argv: List[str], reason: str) -> int:
     return 128 - code if code < 0 else code
 
 
-#: The values of XLA's xla_gpu_command_buffer_update_mode (its
-#: CommandBufferUpdateMode enum in jax 0.10 and 0.11); any but ALWAYS_UPDATE
-#: makes XLA switch the allocator to its own VMM allocator.
-UPDATE_MODES = ("ALWAYS_UPDATE", "NEVER_UPDATE", "CAPTURE_CMD_NEVER_UPDATE")
+#: The values of XLA's xla_gpu_command_buffer_update_mode when no CUDA
+#: plugin is installed to read them from (jax 0.11 and 0.12); any but
+#: ALWAYS_UPDATE makes XLA switch the allocator to its own VMM allocator.
+#: update_modes() gives the installed plugin's own.
+UPDATE_MODES = plugin.DEFAULT_UPDATE_MODES
+
+
+def update_modes() -> Tuple[str, ...]:
+    """The installed CUDA plugin's CommandBufferUpdateMode values."""
+    return plugin.update_modes()
 
 
 def setting_warnings(environ: Dict[str, str]) -> List[str]:
-    """Settings that take allocations away from the lake."""
-    out: List[str] = []
-    kept, _ = xla.split_xla_flags(environ.get("XLA_FLAGS", ""))
-    for token in kept.split():
-        name, _, value = token.lstrip("-").partition("=")
-        value = value.strip("'\"")
-        if name == "xla_gpu_command_buffer_update_mode":
-            if value not in UPDATE_MODES:
-                out.append(
-                    f"XLA_FLAGS sets {name}={value}, which is not one of "
-                    f"XLA's values ({', '.join(UPDATE_MODES)})")
-            elif value != "ALWAYS_UPDATE":
-                out.append(
-                    f"XLA_FLAGS sets {name}={value}: XLA then switches every "
-                    "allocator kind to its own VMM allocator, bypassing the "
-                    "lake (use ALWAYS_UPDATE, the default)")
-    allocator = environ.get(xla.ALLOCATOR_ENV)
-    if allocator not in (None, "", "cuda_async"):
-        out.append(f"{xla.ALLOCATOR_ENV}={allocator}: jaxlake serves only "
-                   "cuda_async (configure() and `jaxlake run` set it)")
-    prealloc = environ.get(xla.PREALLOCATE_ENV)
-    if prealloc is not None and not prealloc.strip().lower() in (
-            "0", "false", "no", "off"):
-        out.append(f"{xla.PREALLOCATE_ENV}={prealloc}: preallocation hands "
-                   "the whole device to the lake in one block at start "
-                   "(configure() and `jaxlake run` set it to false)")
-    return out
+    """Settings that take allocations away from the lake, each XLA flag
+    checked against the installed plugin's flags and update modes."""
+    _, flags = xla._xla_flag_values(  # pylint: disable=protected-access
+        environ.get("XLA_FLAGS", ""))
+    return plugin.routing_warnings(environ, flags,
+                                   allocator_env=xla.ALLOCATOR_ENV,
+                                   preallocate_env=xla.PREALLOCATE_ENV)
 
 
 def _size(n: int) -> str:
@@ -184,6 +171,12 @@ def doctor(out: TextIO, start_jax: bool = True) -> int:
         except metadata.PackageNotFoundError:
             if dist in ("jax", "jaxlib"):
                 line(dist, "not installed")
+    library = plugin.plugin_library()
+    if library is not None:
+        line("CUDA plugin", library)
+    line("tested jax", f"{plugin.TESTED_JAX[0]} to {plugin.TESTED_JAX[1]}")
+    for text in plugin.version_warnings():
+        out.write(f"warning: {text}\n")
     shim = xla.shim_path()
     line("shim", shim if os.path.isfile(shim) else f"missing ({shim})")
     driver, why = xla.find_real_driver()

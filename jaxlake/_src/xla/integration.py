@@ -465,6 +465,29 @@ def _set_allocator_env() -> None:
             "preallocation would hand the whole device to the lake in one "
             "block at start", stacklevel=4)
     os.environ[PREALLOCATE_ENV] = "false"
+    _warn_versions_and_routing()
+
+
+def _warn_versions_and_routing() -> None:
+    """Says when jax, jaxlib and the CUDA plugin disagree or lie outside
+    the tested range, and names every XLA flag that routes allocations
+    around the lake (checked against the installed plugin)."""
+    from jaxlake._src.xla import plugin
+    _, flags = _xla_flag_values(os.environ.get("XLA_FLAGS", ""))
+    for text in plugin.version_warnings() + plugin.routing_warnings(
+            {}, flags):
+        warnings.warn(f"jaxlake: {text}", stacklevel=5)
+
+
+def _xla_flag_values(value: str) -> Tuple[str, Dict[str, str]]:
+    """(XLA_FLAGS without jaxlake's entries, {flag name: value} of the
+    rest; a bare flag is "true")."""
+    kept, _ = split_xla_flags(value)
+    out: Dict[str, str] = {}
+    for token in shlex.split(kept) if kept.strip() else []:
+        name, eq, val = token.lstrip("-").partition("=")
+        out[name] = val if eq else "true"
+    return kept, out
 
 
 # -- reporting ------------------------------------------------------------------

@@ -1,0 +1,39 @@
+#!/usr/bin/env bash
+# CI, the newest end: Python 3.12 (or 3.13) with jax 0.12 and the newest
+# flax, optax, orbax-checkpoint and CUDA plugin pip finds, installed first
+# as a user would have them; then the test extra beside them (which must
+# change none of them) and the integration, shim, recorder, example and
+# API tests. JAXLAKE_NEWEST_PYTHON names another interpreter.
+set -euo pipefail
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+PY="${JAXLAKE_NEWEST_PYTHON:-}"
+if [ -z "$PY" ]; then
+  for candidate in python3.12 python3.13 "$HOME"/.pyenv/versions/3.12*/bin/python3.12 \
+      "$HOME"/.pyenv/versions/3.13*/bin/python3.13; do
+    # A pyenv shim is on PATH even when that version is not selected: try it.
+    if "$candidate" -c "import sys" >/dev/null 2>&1; then PY="$candidate"; break; fi
+  done
+fi
+if [ -z "$PY" ]; then
+  echo "newest: no Python 3.12 or 3.13 found (set JAXLAKE_NEWEST_PYTHON)" >&2
+  exit 1
+fi
+VENV=.venv-newest
+rm -rf "$VENV"
+"$PY" -m venv "$VENV"
+"$VENV/bin/pip" install -q "jax>=0.12,<0.13" flax optax orbax-checkpoint
+"$VENV/bin/pip" freeze | sort > "$VENV/before.txt"
+"$VENV/bin/pip" install -q ".[test]"
+"$VENV/bin/pip" freeze | sort > "$VENV/after.txt"
+# Installing the extras beside the user's packages changes none of them.
+changed=$(comm -23 "$VENV/before.txt" "$VENV/after.txt")
+if [ -n "$changed" ]; then
+  echo "newest: the test extra changed installed packages:" >&2
+  echo "$changed" >&2
+  exit 1
+fi
+"$VENV/bin/python" --version
+grep -iE '^(jax|jaxlib|jax-cuda1[23]-(plugin|pjrt)|flax|optax|orbax-checkpoint)==' \
+  "$VENV/after.txt"
+"$VENV/bin/pytest" -q tests/test_xla.py tests/test_recorder.py \
+  tests/test_examples.py tests/test_api.py
