@@ -11,6 +11,7 @@
 #include "cc/replay/policy.h"
 #include "cc/replay/trace.h"
 #include "tests/cc/check.h"
+#include "tests/cc/policy_util.h"
 
 namespace {
 
@@ -24,30 +25,10 @@ using jaxlake::replay::Policy;
 using jaxlake::replay::PolicyOptions;
 using jaxlake::replay::Trace;
 using jaxlake::vmm::Call;
-
-std::unique_ptr<Policy> Make(const std::string& name,
-                             const PolicyOptions& o = {}) {
-  std::string error;
-  auto p = MakePolicy(name, o, &error);
-  CHECK_EQ(error, std::string());
-  return p;
-}
-
-PolicyOptions Cap(std::size_t capacity) {
-  PolicyOptions o;
-  o.capacity = capacity;
-  return o;
-}
-
-std::uintptr_t Alloc(Policy& p, std::size_t n) {
-  std::uintptr_t a = 0;
-  CHECK(p.allocate(n, 0, &a));
-  return a;
-}
-
-std::uint64_t Calls(const Policy& p, Call c) {
-  return p.calls()[static_cast<int>(c)];
-}
+using jaxlake::replay::testing::Alloc;
+using jaxlake::replay::testing::Calls;
+using jaxlake::replay::testing::Cap;
+using jaxlake::replay::testing::Make;
 
 // ---- xla-vmm -----------------------------------------------------------------
 

@@ -10,6 +10,7 @@
 #include "cc/replay/policy.h"
 #include "cc/replay/trace.h"
 #include "tests/cc/check.h"
+#include "tests/cc/policy_util.h"
 
 namespace {
 
@@ -24,6 +25,10 @@ using jaxlake::replay::ReplayOptions;
 using jaxlake::replay::ReplayResult;
 using jaxlake::replay::Trace;
 using jaxlake::vmm::Call;
+using jaxlake::replay::testing::Alloc;
+using jaxlake::replay::testing::Calls;
+using jaxlake::replay::testing::Cap;
+using jaxlake::replay::testing::Make;
 
 const std::string kHeader =
     "{\"format\": \"jaxlake-trace\", \"version\": 1, \"name\": \"t\", "
@@ -38,30 +43,6 @@ Trace Jsonl(const std::string& body, bool lenient = false,
 
 Trace Csv(const std::string& text, bool lenient = false) {
   return ParseTrace(text.data(), text.size(), true, lenient);
-}
-
-std::unique_ptr<Policy> Make(const std::string& name,
-                             const PolicyOptions& o = {}) {
-  std::string error;
-  auto p = MakePolicy(name, o, &error);
-  CHECK_EQ(error, std::string());
-  return p;
-}
-
-PolicyOptions Cap(std::size_t capacity) {
-  PolicyOptions o;
-  o.capacity = capacity;
-  return o;
-}
-
-std::uintptr_t Alloc(Policy& p, std::size_t n, std::uint64_t stream = 0) {
-  std::uintptr_t a = 0;
-  CHECK(p.allocate(n, stream, &a));
-  return a;
-}
-
-std::uint64_t Calls(const Policy& p, Call c) {
-  return p.calls()[static_cast<int>(c)];
 }
 
 std::uint64_t Counter(const Policy& p, const std::string& name) {
