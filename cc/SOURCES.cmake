@@ -42,3 +42,12 @@ set(JAXLAKE_SHIM_SOURCES
   cc/shim/trace.cc
   cc/shim/trampolines.cc
 )
+# The fake GPU (cc/fakegpu, x86-64 Linux): NVIDIA's libraries at their
+# public APIs on host memory, for `jaxlake run --fake-gpu`.
+set(JAXLAKE_FAKEGPU_SOURCES
+  cc/fakegpu/state.cc
+  cc/fakegpu/driver.cc
+  cc/fakegpu/runtime.cc
+  cc/fakegpu/libs.cc
+  cc/fakegpu/stubs.cc
+)

@@ -82,6 +82,31 @@ if(JAXLAKE_BUILD_SHIM)
     install(TARGETS jaxlake_shim LIBRARY DESTINATION jaxlake/_lib)
   endif()
 
+  # The fake GPU (cc/fakegpu/README.md): one library that `jaxlake run
+  # --fake-gpu` links under the names of NVIDIA's driver, NVML, runtime,
+  # cuDNN, cuBLAS(Lt), NCCL, cuFFT, CUPTI, cuSPARSE and cuSOLVER. Its own
+  # calls between those libraries bind inside it (-Bsymbolic), not to the
+  # shim's driver names. No LTO: the weak stubs of stubs.cc and the
+  # implemented entry points are the same symbols with other signatures.
+  add_library(jaxlake_fakegpu SHARED ${JAXLAKE_FAKEGPU_SOURCES})
+  target_link_libraries(jaxlake_fakegpu PRIVATE jaxlake_vmm ${CMAKE_DL_LIBS}
+                        Threads::Threads)
+  set_target_properties(jaxlake_fakegpu PROPERTIES
+    OUTPUT_NAME "jaxlake_fakegpu"
+    CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON
+    INTERPROCEDURAL_OPTIMIZATION OFF INTERPROCEDURAL_OPTIMIZATION_RELEASE OFF
+    INTERPROCEDURAL_OPTIMIZATION_RELWITHDEBINFO OFF
+    LIBRARY_OUTPUT_DIRECTORY "${CMAKE_BINARY_DIR}/jaxlake_shim")
+  target_link_options(jaxlake_fakegpu PRIVATE "LINKER:-Bsymbolic"
+                      "LINKER:--exclude-libs,ALL")
+  if(NOT CMAKE_CXX_FLAGS MATCHES "-fsanitize")
+    target_link_options(jaxlake_fakegpu PRIVATE "LINKER:-z,defs")
+  endif()
+  jaxlake_warnings(jaxlake_fakegpu)
+  if(JAXLAKE_BUILD_PYTHON)
+    install(TARGETS jaxlake_fakegpu LIBRARY DESTINATION jaxlake/_lib)
+  endif()
+
   if(JAXLAKE_BUILD_TESTS)
     enable_testing()
     # A fake driver on host memory (tests/shim/fake_cuda.cc), with the real

@@ -162,6 +162,14 @@ OTHER_VARIABLES: Tuple[str, ...] = (
     "JAXLAKE_CAPACITY_FRACTION",  # set from a fractional capacity
     "JAXLAKE_REQUIRED",           # start-up hook: fail if inactive
     "JAXLAKE_TRACE_FLUSH",        # trace events between two file flushes
+    "JAXLAKE_FAKE_GPU",           # `jaxlake run --fake-gpu` (fakegpu.py)
+    "JAXLAKE_FAKEGPU_MODEL",      # the fake GPU's own (cc/fakegpu/README.md)
+    "JAXLAKE_FAKEGPU_COUNT",
+    "JAXLAKE_FAKEGPU_MEMORY",
+    "JAXLAKE_FAKEGPU_CUDA",
+    "JAXLAKE_FAKEGPU_FAIL",
+    "JAXLAKE_FAKEGPU_LOG",
+    "JAXLAKE_FAKEGPU_STATS",
 )
 
 _BY_NAME: Dict[str, Option] = {o.name: o for o in OPTIONS}

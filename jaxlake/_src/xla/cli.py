@@ -9,6 +9,7 @@ import sys
 from importlib import metadata
 from typing import Any, Dict, List, Optional, TextIO, Tuple
 
+from jaxlake._src.xla import fakegpu
 from jaxlake._src.xla import integration as xla
 from jaxlake._src.xla import plugin
 from jaxlake._src.xla import startup
@@ -35,6 +36,15 @@ def register(commands: Any) -> None:
                           "active: a bad option, no CUDA driver")
     run.add_argument("--trace", metavar="PATH",
                      help="write the allocation trace (JSON lines) to PATH")
+    run.add_argument("--fake-gpu", nargs="?", const="h100", metavar="MODEL",
+                     help="run on XLA's real GPU client over jaxlake's fake "
+                          "GPU, with no GPU here: h100 (default) or h200; "
+                          "kernels do not run (README: 'No GPU?')")
+    run.add_argument("--fake-gpu-count", metavar="N", default="1",
+                     help="fake devices (default 1)")
+    run.add_argument("--fake-gpu-memory", metavar="SIZE",
+                     help="memory of each fake device (default: the "
+                          "model's, 80GiB or 141GiB)")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="COMMAND",
                      help="the program and its arguments (after --)")
     run.set_defaults(func=_run)
@@ -52,11 +62,14 @@ def register(commands: Any) -> None:
     doctor.set_defaults(func=_doctor)
 
 
-def run_environment(environ: Dict[str, str], trace: Optional[str]
-                    ) -> Dict[str, str]:
-    """The environment `jaxlake run` gives the program. Raises
+def run_environment(environ: Dict[str, str], trace: Optional[str],
+                    fake: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+    """The environment `jaxlake run` gives the program (over the fake GPU
+    when `fake` holds its variables, fakegpu.environment()). Raises
     ConfigurationError for a bad option or when no driver is found."""
     env = dict(environ)
+    if fake is not None:
+        env.update(fake)
     resolved, trace, _ = xla.resolve_settings(env, {}, trace, False)
     driver, why = xla.find_real_driver(env)
     if driver is None:
@@ -85,9 +98,29 @@ def _run(args: argparse.Namespace) -> int:
         print("jaxlake run: give the program to run, e.g. "
               "`jaxlake run -- python train.py`", file=sys.stderr)
         return 2
+    fake: Optional[Dict[str, str]] = None
+    notice = ""
+    if args.fake_gpu is not None or args.fake_gpu_memory is not None:
+        try:
+            fake, notice = fakegpu.environment(
+                dict(os.environ), fakegpu.parse_model(args.fake_gpu or "h100"),
+                fakegpu.parse_count(args.fake_gpu_count),
+                fakegpu.parse_memory(args.fake_gpu_memory)
+                if args.fake_gpu_memory is not None else None)
+        except ConfigurationError as error:
+            # Without the fake there is no GPU to run on: never run anyway.
+            print(f"jaxlake run: error: {error}", file=sys.stderr)
+            return 1
+    elif args.fake_gpu_count != "1":
+        print("jaxlake run: --fake-gpu-count needs --fake-gpu",
+              file=sys.stderr)
+        return 2
     try:
-        env = run_environment(dict(os.environ), args.trace)
+        env = run_environment(dict(os.environ), args.trace, fake)
     except ConfigurationError as error:
+        if fake is not None:
+            print(f"jaxlake run: error: {error}", file=sys.stderr)
+            return 1
         if args.required:
             print(f"jaxlake run: error: {error}\njaxlake run: --required: "
                   "the program was not run", file=sys.stderr)
@@ -95,6 +128,7 @@ def _run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"jaxlake run: {error}\n" + startup.without_lake(
             "jaxlake run", "--required"))
         return _run_without_lake(argv, str(error))
+    sys.stderr.write(notice)
     sys.stdout.flush()
     sys.stderr.flush()
     try:

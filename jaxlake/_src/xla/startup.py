@@ -64,6 +64,11 @@ def run() -> Optional[xla.Status]:
     it ends at once with exit status 1 instead."""
     if not wanted():
         return None
+    if xla.truthy(os.environ.get("JAXLAKE_FAKE_GPU")):
+        from jaxlake._src.xla import fakegpu
+        note = fakegpu.install_jax_hook()
+        if note:
+            sys.stderr.write(f"jaxlake: fake GPU: {note}\n")
     required = xla.truthy(os.environ.get(xla.REQUIRED_ENV))
     asked = "JAXLAKE=1" if xla.truthy(os.environ.get(xla.ENABLE_ENV)) \
         else "XLA_FLAGS --jaxlake"

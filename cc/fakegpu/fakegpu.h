@@ -1,0 +1,149 @@
+// The fake GPU (libjaxlake_fakegpu.so): NVIDIA's driver, NVML, CUDA runtime,
+// cuDNN, cuBLAS(Lt), NCCL and the version calls of cuFFT, CUPTI, cuSPARSE and
+// cuSOLVER, each a subset of its public API, on host memory. `jaxlake run
+// --fake-gpu` puts it where those libraries would be (cc/fakegpu/README.md),
+// so that XLA's real GPU client runs, unmodified, on a machine with no GPU,
+// over the shipped shim and lake. Kernels do not run; copies, memsets and
+// host functions do, in stream order.
+//
+// This header is the state the libraries share: options, devices, memory
+// ranges, streams and events, call counts and fault injection.
+#ifndef JAXLAKE_FAKEGPU_FAKEGPU_H_
+#define JAXLAKE_FAKEGPU_FAKEGPU_H_
+
+#include <condition_variable>
+#include <cstddef>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "cc/vmm/host_driver.h"
+
+#define JAXLAKE_FAKEGPU_EXPORT \
+  extern "C" __attribute__((visibility("default")))
+
+namespace jaxlake::fakegpu {
+
+// What the options (environment variables, read once) choose.
+struct Options {
+  std::string model = "h100";  // JAXLAKE_FAKEGPU_MODEL: h100 or h200
+  std::string name;            // the device name the model reports
+  int count = 1;               // JAXLAKE_FAKEGPU_COUNT
+  std::size_t memory = 0;      // JAXLAKE_FAKEGPU_MEMORY (bytes a device)
+  int cuda_major = 12;         // JAXLAKE_FAKEGPU_CUDA: the runtime's major
+  int sms = 132;
+  int clock_khz = 1980000;
+  int memory_clock_khz = 2619000;
+  int bus_width = 5120;
+  // JAXLAKE_FAKEGPU_FAIL=NAME:N[:CODE],...: the Nth call of entry point NAME
+  // fails with CODE (default: CUDA_ERROR_OUT_OF_MEMORY).
+  struct Fault {
+    std::uint64_t nth;
+    int code;
+  };
+  std::map<std::string, Fault> faults;
+  // JAXLAKE_FAKEGPU_LOG: where unsupported entry points are named (stderr
+  // by default; "0" for nowhere, or a file path).
+  std::string log = "stderr";
+  // JAXLAKE_FAKEGPU_STATS: a file the call counts are written to at exit
+  // (JSON).
+  std::string stats;
+};
+const Options& Opts();
+
+// Counts a call of `name` and says whether fault injection fails it (then
+// *code is the error to return).
+bool Enter(const char* name, int* code);
+
+// The answer of an entry point the fake does not implement: named once in
+// the log, counted, and `code` returned.
+int Unsupported(const char* library, const char* name, int code);
+
+// A range of memory the fake handed out.
+enum class Kind { kDevice, kHost, kReserved };
+struct Range {
+  std::uintptr_t base = 0;
+  std::size_t size = 0;
+  int device = 0;
+  Kind kind = Kind::kDevice;
+};
+void AddRange(const Range& r);
+void RemoveRange(std::uintptr_t base);
+bool FindRange(std::uintptr_t p, Range* out);
+
+// Device memory accounting (cuMemCreate, cuMemAlloc and the driver's pool
+// all count): false when `n` more bytes do not fit on `device`.
+bool Charge(int device, std::size_t n);
+void Uncharge(int device, std::size_t n);
+std::size_t Used(int device);
+
+// Anonymous, lazily backed memory (only touched pages cost), and its
+// release.
+void* MapAnonymous(std::size_t size);
+void UnmapAnonymous(void* p, std::size_t size);
+
+// The VMM calls' backing: memfd-backed mappings (jaxlake's HostDriver).
+vmm::HostDriver& Host();
+
+// A stream runs its work in order on a thread of its own.
+class Stream {
+ public:
+  explicit Stream(int device);
+  ~Stream();
+  Stream(const Stream&) = delete;
+  Stream& operator=(const Stream&) = delete;
+  void Enqueue(std::function<void()> work);
+  void Synchronize();  // until everything enqueued so far has run
+  bool Idle();
+  int device() const { return device_; }
+  int priority = 0;
+  unsigned flags = 0;
+
+ private:
+  void Run();
+  const int device_;
+  std::mutex mu_;
+  std::condition_variable cv_;
+  std::deque<std::function<void()>> work_;
+  std::uint64_t enqueued_ = 0;
+  std::uint64_t done_ = 0;
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// An event completes when the work recorded before it has run.
+struct Event {
+  std::mutex mu;
+  std::condition_variable cv;
+  std::uint64_t recorded = 0;
+  std::uint64_t completed = 0;
+  double time_ms = 0;
+  unsigned flags = 0;
+};
+
+// Stream and event handles. The null, legacy and per-thread streams are
+// the current device's default stream.
+Stream* StreamOf(void* handle, int current_device);
+void* NewStream(int device, unsigned flags, int priority);
+bool DestroyStream(void* handle);
+std::vector<Stream*> StreamsOf(int device);
+std::shared_ptr<Event> EventOf(void* handle);
+void* NewEvent(unsigned flags);
+bool DestroyEvent(void* handle);
+void RecordEvent(const std::shared_ptr<Event>& e, Stream* s);
+void WaitEvent(Stream* s, const std::shared_ptr<Event>& e);
+double NowMs();
+
+// The current device of the calling thread (its current context), or -1.
+int CurrentDevice();
+void SetCurrentDevice(int device);
+
+}  // namespace jaxlake::fakegpu
+
+#endif  // JAXLAKE_FAKEGPU_FAKEGPU_H_

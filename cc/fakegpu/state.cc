@@ -1,0 +1,452 @@
+// The fake GPU's shared state (see fakegpu.h).
+#include <sys/mman.h>
+#include <time.h>
+
+#include <atomic>
+#include <cerrno>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <set>
+#include <unordered_map>
+
+#include "cc/fakegpu/fakegpu.h"
+
+namespace jaxlake::fakegpu {
+namespace {
+
+constexpr std::size_t kGiB = std::size_t{1} << 30;
+constexpr int kMaxDevices = 64;
+
+std::string Env(const char* name) {
+  const char* v = std::getenv(name);
+  return v != nullptr ? std::string(v) : std::string();
+}
+
+// A bad option is said once on stderr and its default kept: the fake stands
+// where a driver would, and a driver does not end the program.
+void BadOption(const char* name, const std::string& value,
+               const char* expected) {
+  std::fprintf(stderr,
+               "jaxlake fake GPU: ignoring %s=%s (expected %s)\n", name,
+               value.c_str(), expected);
+}
+
+bool ParseU64(const std::string& s, std::uint64_t* out) {
+  if (s.empty()) return false;
+  char* end = nullptr;
+  errno = 0;
+  const unsigned long long v = std::strtoull(s.c_str(), &end, 10);
+  if (errno != 0 || end == s.c_str() || *end != '\0') return false;
+  *out = v;
+  return true;
+}
+
+Options ReadOptions() {
+  Options o;
+  const std::string model = Env("JAXLAKE_FAKEGPU_MODEL");
+  if (model == "h200") o.model = "h200";
+  else if (!model.empty() && model != "h100")
+    BadOption("JAXLAKE_FAKEGPU_MODEL", model, "h100 or h200");
+  // H100 SXM5 and H200 SXM: the same SM 9.0 chip, with 80 and 141 GiB.
+  o.memory = o.model == "h200" ? 141 * kGiB : 80 * kGiB;
+  o.name = o.model == "h200" ? "NVIDIA H200 (jaxlake fake)"
+                             : "NVIDIA H100 80GB HBM3 (jaxlake fake)";
+  if (o.model == "h200") o.memory_clock_khz = 3201000;
+  std::uint64_t v = 0;
+  const std::string count = Env("JAXLAKE_FAKEGPU_COUNT");
+  if (!count.empty()) {
+    if (ParseU64(count, &v) && v >= 1 && v <= kMaxDevices)
+      o.count = static_cast<int>(v);
+    else
+      BadOption("JAXLAKE_FAKEGPU_COUNT", count, "1 to 64");
+  }
+  const std::string memory = Env("JAXLAKE_FAKEGPU_MEMORY");
+  if (!memory.empty()) {
+    if (ParseU64(memory, &v) && v >= (std::uint64_t{64} << 20))
+      o.memory = static_cast<std::size_t>(v);
+    else
+      BadOption("JAXLAKE_FAKEGPU_MEMORY", memory, "bytes, at least 64 MiB");
+  }
+  const std::string cuda = Env("JAXLAKE_FAKEGPU_CUDA");
+  if (cuda == "13") o.cuda_major = 13;
+  else if (!cuda.empty() && cuda != "12")
+    BadOption("JAXLAKE_FAKEGPU_CUDA", cuda, "12 or 13");
+  const std::string fail = Env("JAXLAKE_FAKEGPU_FAIL");
+  std::size_t start = 0;
+  while (start < fail.size()) {
+    std::size_t end = fail.find(',', start);
+    if (end == std::string::npos) end = fail.size();
+    const std::string item = fail.substr(start, end - start);
+    start = end + 1;
+    const std::size_t a = item.find(':');
+    const std::size_t b = a == std::string::npos ? a : item.find(':', a + 1);
+    std::uint64_t nth = 0, code = 2;  // CUDA_ERROR_OUT_OF_MEMORY
+    if (a == std::string::npos || a == 0 ||
+        !ParseU64(item.substr(a + 1, b == std::string::npos ? b : b - a - 1),
+                  &nth) ||
+        nth == 0 ||
+        (b != std::string::npos && !ParseU64(item.substr(b + 1), &code))) {
+      BadOption("JAXLAKE_FAKEGPU_FAIL", item, "NAME:N or NAME:N:CODE");
+      continue;
+    }
+    o.faults[item.substr(0, a)] = Options::Fault{nth, static_cast<int>(code)};
+  }
+  const std::string log = Env("JAXLAKE_FAKEGPU_LOG");
+  if (!log.empty()) o.log = log;
+  o.stats = Env("JAXLAKE_FAKEGPU_STATS");
+  return o;
+}
+
+struct Counters {
+  std::mutex mu;
+  std::map<std::string, std::uint64_t> calls;
+  std::map<std::string, std::uint64_t> unsupported;
+  std::uint64_t failed = 0;
+};
+Counters& C() {
+  static Counters* const c = new Counters();  // lives as long as the process
+  return *c;
+}
+
+void WriteStats() {
+  const Options& o = Opts();
+  if (o.stats.empty()) return;
+  std::FILE* f = std::fopen(o.stats.c_str(), "w");
+  if (f == nullptr) return;
+  Counters& c = C();
+  std::lock_guard<std::mutex> lock(c.mu);
+  std::fprintf(f, "{\"model\": \"%s\", \"devices\": %d, \"memory\": %zu, "
+               "\"faults_injected\": %llu, \"calls\": {",
+               o.model.c_str(), o.count, o.memory,
+               static_cast<unsigned long long>(c.failed));
+  bool first = true;
+  for (const auto& [name, n] : c.calls) {
+    std::fprintf(f, "%s\"%s\": %llu", first ? "" : ", ", name.c_str(),
+                 static_cast<unsigned long long>(n));
+    first = false;
+  }
+  std::fprintf(f, "}, \"unsupported\": {");
+  first = true;
+  for (const auto& [name, n] : c.unsupported) {
+    std::fprintf(f, "%s\"%s\": %llu", first ? "" : ", ", name.c_str(),
+                 static_cast<unsigned long long>(n));
+    first = false;
+  }
+  std::fprintf(f, "}}\n");
+  std::fclose(f);
+}
+
+struct Memory {
+  std::mutex mu;
+  std::map<std::uintptr_t, Range> ranges;  // by base
+  std::size_t used[kMaxDevices] = {};
+};
+Memory& M() {
+  static Memory* const m = new Memory();
+  return *m;
+}
+
+thread_local int t_device = -1;
+
+}  // namespace
+
+const Options& Opts() {
+  static const Options* const o = [] {
+    auto* p = new Options(ReadOptions());
+    if (!p->stats.empty()) std::atexit(WriteStats);
+    return p;
+  }();
+  return *o;
+}
+
+bool Enter(const char* name, int* code) {
+  Counters& c = C();
+  std::uint64_t n = 0;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    n = ++c.calls[name];
+  }
+  const Options& o = Opts();
+  if (o.faults.empty()) return false;
+  auto it = o.faults.find(name);
+  if (it == o.faults.end() || it->second.nth != n) return false;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    ++c.failed;
+  }
+  std::fprintf(stderr,
+               "jaxlake fake GPU: injected fault: call %llu of %s fails "
+               "with error %d\n",
+               static_cast<unsigned long long>(n), name, it->second.code);
+  *code = it->second.code;
+  return true;
+}
+
+int Unsupported(const char* library, const char* name, int code) {
+  Counters& c = C();
+  bool first = false;
+  {
+    std::lock_guard<std::mutex> lock(c.mu);
+    first = c.unsupported[name]++ == 0;
+  }
+  if (!first) return code;
+  const std::string& log = Opts().log;
+  if (log == "0" || log == "off") return code;
+  std::FILE* f = log == "stderr" ? stderr : std::fopen(log.c_str(), "a");
+  if (f == nullptr) return code;
+  std::fprintf(f,
+               "jaxlake fake GPU: %s entry point %s is not supported by the "
+               "fake; it returned error %d\n",
+               library, name, code);
+  if (f != stderr) std::fclose(f);
+  return code;
+}
+
+void AddRange(const Range& r) {
+  Memory& m = M();
+  std::lock_guard<std::mutex> lock(m.mu);
+  m.ranges[r.base] = r;
+}
+
+void RemoveRange(std::uintptr_t base) {
+  Memory& m = M();
+  std::lock_guard<std::mutex> lock(m.mu);
+  m.ranges.erase(base);
+}
+
+bool FindRange(std::uintptr_t p, Range* out) {
+  Memory& m = M();
+  std::lock_guard<std::mutex> lock(m.mu);
+  auto it = m.ranges.upper_bound(p);
+  if (it == m.ranges.begin()) return false;
+  --it;
+  if (p - it->second.base >= it->second.size) return false;
+  *out = it->second;
+  return true;
+}
+
+bool Charge(int device, std::size_t n) {
+  Memory& m = M();
+  std::lock_guard<std::mutex> lock(m.mu);
+  if (device < 0 || device >= Opts().count) return false;
+  if (n > Opts().memory - m.used[device]) return false;
+  m.used[device] += n;
+  return true;
+}
+
+void Uncharge(int device, std::size_t n) {
+  Memory& m = M();
+  std::lock_guard<std::mutex> lock(m.mu);
+  if (device < 0 || device >= Opts().count) return;
+  m.used[device] -= n < m.used[device] ? n : m.used[device];
+}
+
+std::size_t Used(int device) {
+  Memory& m = M();
+  std::lock_guard<std::mutex> lock(m.mu);
+  return device >= 0 && device < Opts().count ? m.used[device] : 0;
+}
+
+void* MapAnonymous(std::size_t size) {
+  void* p = ::mmap(nullptr, size, PROT_READ | PROT_WRITE,
+                   MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  return p == MAP_FAILED ? nullptr : p;
+}
+
+void UnmapAnonymous(void* p, std::size_t size) {
+  if (p != nullptr) ::munmap(p, size);
+}
+
+vmm::HostDriver& Host() {
+  static vmm::HostDriver* const host = [] {
+    vmm::SimOptions o = vmm::HostDefaults();
+    o.granularity = std::size_t{2} << 20;
+    o.device_bytes = Opts().memory * static_cast<std::size_t>(Opts().count);
+    return new vmm::HostDriver(o);
+  }();
+  return *host;
+}
+
+// ---- streams ----------------------------------------------------------------
+
+Stream::Stream(int device) : device_(device), thread_([this] { Run(); }) {}
+
+Stream::~Stream() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  thread_.join();
+}
+
+void Stream::Enqueue(std::function<void()> work) {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    work_.push_back(std::move(work));
+    ++enqueued_;
+  }
+  cv_.notify_all();
+}
+
+void Stream::Synchronize() {
+  std::unique_lock<std::mutex> lock(mu_);
+  const std::uint64_t target = enqueued_;
+  cv_.wait(lock, [&] { return done_ >= target; });
+}
+
+bool Stream::Idle() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return done_ == enqueued_;
+}
+
+void Stream::Run() {
+  std::unique_lock<std::mutex> lock(mu_);
+  for (;;) {
+    cv_.wait(lock, [&] { return stop_ || !work_.empty(); });
+    if (work_.empty()) return;  // stopping, and everything ran
+    std::function<void()> work = std::move(work_.front());
+    work_.pop_front();
+    lock.unlock();
+    SetCurrentDevice(device_);
+    work();
+    lock.lock();
+    ++done_;
+    cv_.notify_all();
+  }
+}
+
+namespace {
+
+struct Handles {
+  std::mutex mu;
+  std::unordered_map<std::uintptr_t, std::unique_ptr<Stream>> streams;
+  std::vector<std::unique_ptr<Stream>> defaults;  // one a device
+  std::unordered_map<std::uintptr_t, std::shared_ptr<Event>> events;
+  std::uintptr_t next = 0x5000000;
+};
+Handles& H() {
+  static Handles* const h = [] {
+    auto* p = new Handles();
+    for (int d = 0; d < Opts().count; ++d)
+      p->defaults.push_back(std::make_unique<Stream>(d));
+    return p;
+  }();
+  return *h;
+}
+
+}  // namespace
+
+Stream* StreamOf(void* handle, int current_device) {
+  const auto v = reinterpret_cast<std::uintptr_t>(handle);
+  Handles& h = H();
+  std::lock_guard<std::mutex> lock(h.mu);
+  if (v <= 2) {  // null, CU_STREAM_LEGACY, CU_STREAM_PER_THREAD
+    const int d = current_device < 0 ? 0 : current_device;
+    return d < static_cast<int>(h.defaults.size()) ? h.defaults[d].get()
+                                                   : nullptr;
+  }
+  auto it = h.streams.find(v);
+  return it == h.streams.end() ? nullptr : it->second.get();
+}
+
+void* NewStream(int device, unsigned flags, int priority) {
+  auto s = std::make_unique<Stream>(device);
+  s->flags = flags;
+  s->priority = priority;
+  Handles& h = H();
+  std::lock_guard<std::mutex> lock(h.mu);
+  const std::uintptr_t v = h.next;
+  h.next += 0x10;
+  h.streams[v] = std::move(s);
+  return reinterpret_cast<void*>(v);
+}
+
+bool DestroyStream(void* handle) {
+  std::unique_ptr<Stream> s;
+  {
+    Handles& h = H();
+    std::lock_guard<std::mutex> lock(h.mu);
+    auto it = h.streams.find(reinterpret_cast<std::uintptr_t>(handle));
+    if (it == h.streams.end()) return false;
+    s = std::move(it->second);
+    h.streams.erase(it);
+  }
+  s->Synchronize();  // as the driver does: pending work completes
+  return true;       // the thread is joined as `s` goes
+}
+
+std::vector<Stream*> StreamsOf(int device) {
+  std::vector<Stream*> out;
+  Handles& h = H();
+  std::lock_guard<std::mutex> lock(h.mu);
+  if (device >= 0 && device < static_cast<int>(h.defaults.size()))
+    out.push_back(h.defaults[device].get());
+  for (auto& [v, s] : h.streams)
+    if (s->device() == device) out.push_back(s.get());
+  return out;
+}
+
+std::shared_ptr<Event> EventOf(void* handle) {
+  Handles& h = H();
+  std::lock_guard<std::mutex> lock(h.mu);
+  auto it = h.events.find(reinterpret_cast<std::uintptr_t>(handle));
+  return it == h.events.end() ? nullptr : it->second;
+}
+
+void* NewEvent(unsigned flags) {
+  auto e = std::make_shared<Event>();
+  e->flags = flags;
+  Handles& h = H();
+  std::lock_guard<std::mutex> lock(h.mu);
+  const std::uintptr_t v = h.next;
+  h.next += 0x10;
+  h.events[v] = std::move(e);
+  return reinterpret_cast<void*>(v);
+}
+
+bool DestroyEvent(void* handle) {
+  Handles& h = H();
+  std::lock_guard<std::mutex> lock(h.mu);
+  return h.events.erase(reinterpret_cast<std::uintptr_t>(handle)) == 1;
+}
+
+void RecordEvent(const std::shared_ptr<Event>& e, Stream* s) {
+  std::uint64_t target = 0;
+  {
+    std::lock_guard<std::mutex> lock(e->mu);
+    target = ++e->recorded;
+  }
+  s->Enqueue([e, target] {
+    std::lock_guard<std::mutex> lock(e->mu);
+    if (e->completed < target) e->completed = target;
+    e->time_ms = NowMs();
+    e->cv.notify_all();
+  });
+}
+
+void WaitEvent(Stream* s, const std::shared_ptr<Event>& e) {
+  std::uint64_t target = 0;
+  {
+    std::lock_guard<std::mutex> lock(e->mu);
+    target = e->recorded;
+  }
+  if (target == 0) return;
+  s->Enqueue([e, target] {
+    std::unique_lock<std::mutex> lock(e->mu);
+    e->cv.wait(lock, [&] { return e->completed >= target; });
+  });
+}
+
+double NowMs() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_MONOTONIC, &ts);
+  return static_cast<double>(ts.tv_sec) * 1e3 +
+         static_cast<double>(ts.tv_nsec) / 1e6;
+}
+
+int CurrentDevice() { return t_device; }
+void SetCurrentDevice(int device) { t_device = device; }
+
+}  // namespace jaxlake::fakegpu
