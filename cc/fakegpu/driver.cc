@@ -11,6 +11,7 @@
 #include <cstdio>
 #include <cstring>
 #include <mutex>
+#include <map>
 #include <set>
 #include <string>
 #include <unordered_map>
@@ -48,7 +49,11 @@ struct Driver {
   std::unordered_map<CUdeviceptr, Alloc> allocs;  // cuMemAlloc, pools
   std::unordered_map<std::uintptr_t, std::size_t> host_allocs;
   std::vector<std::uint64_t> pool_used, pool_high, release_threshold;
-  std::set<std::uintptr_t> modules;
+  struct Module {
+    std::map<std::string, std::size_t> symbols;  // from the image's ELF
+    std::map<std::string, std::pair<void*, std::size_t>> globals;
+  };
+  std::map<std::uintptr_t, Module> modules;
   struct Function {
     std::string name;
     int attrs[16] = {};
@@ -1301,19 +1306,90 @@ FAKE cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* desc,
 // ---- modules and kernels (kernels do not run) -------------------------------
 
 namespace {
+// The sized symbols of a cubin (an ELF file, as XLA loads), by name: what
+// cuModuleGetGlobal answers. A fat binary or PTX image yields none.
+std::map<std::string, std::size_t> ElfSymbols(const void* image) {
+  std::map<std::string, std::size_t> out;
+  const auto* b = static_cast<const unsigned char*>(image);
+  if (std::memcmp(b, "\x7f" "ELF", 4) != 0 || b[4] != 2) return out;  // ELF64
+  std::uint64_t shoff = 0;
+  std::uint16_t shentsize = 0, shnum = 0;
+  std::memcpy(&shoff, b + 0x28, 8);
+  std::memcpy(&shentsize, b + 0x3A, 2);
+  std::memcpy(&shnum, b + 0x3C, 2);
+  if (shentsize < 64) return out;
+  auto section = [&](unsigned i, std::uint32_t* type, std::uint64_t* off,
+                     std::uint64_t* size, std::uint32_t* link,
+                     std::uint64_t* entsize) {
+    const unsigned char* h = b + shoff + std::uint64_t{i} * shentsize;
+    std::memcpy(type, h + 4, 4);
+    std::memcpy(off, h + 0x18, 8);
+    std::memcpy(size, h + 0x20, 8);
+    std::memcpy(link, h + 0x28, 4);
+    std::memcpy(entsize, h + 0x38, 8);
+  };
+  for (unsigned i = 0; i < shnum; ++i) {
+    std::uint32_t type = 0, link = 0;
+    std::uint64_t off = 0, size = 0, entsize = 0;
+    section(i, &type, &off, &size, &link, &entsize);
+    if (type != 2 || entsize < 24 || link >= shnum) continue;  // SHT_SYMTAB
+    std::uint32_t stype = 0, slink = 0;
+    std::uint64_t soff = 0, ssize = 0, sent = 0;
+    section(link, &stype, &soff, &ssize, &slink, &sent);
+    for (std::uint64_t e = 0; e + entsize <= size; e += entsize) {
+      const unsigned char* sym = b + off + e;
+      std::uint32_t name = 0;
+      std::uint64_t value_size = 0;
+      std::memcpy(&name, sym, 4);
+      std::memcpy(&value_size, sym + 16, 8);
+      if (name == 0 || name >= ssize || value_size == 0) continue;
+      const char* n = reinterpret_cast<const char*>(b + soff + name);
+      out[std::string(n, strnlen(n, ssize - name))] = value_size;
+    }
+  }
+  return out;
+}
+
 CUresult LoadModule(void** module, const void* image) {
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
   if (module == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (image == nullptr) return CUDA_ERROR_INVALID_IMAGE;
+  auto symbols = ElfSymbols(image);
   Driver& d = D();
   std::lock_guard<std::mutex> lock(d.mu);
   const std::uintptr_t m = d.next_module;
   d.next_module += 0x10;
-  d.modules.insert(m);
+  d.modules[m].symbols = std::move(symbols);
   *module = reinterpret_cast<void*>(m);
   return CUDA_SUCCESS;
 }
 }  // namespace
+
+// A module's global: device memory of the symbol's size, zeroed, the same
+// for every call with that name (freed with the module).
+FAKE cuModuleGetGlobal_v2(CUdeviceptr* dptr, std::size_t* bytes,
+                          void* module, const char* name) {
+  ENTER();
+  if (name == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.modules.find(reinterpret_cast<std::uintptr_t>(module));
+  if (it == d.modules.end()) return CUDA_ERROR_INVALID_HANDLE;
+  auto g = it->second.globals.find(name);
+  if (g == it->second.globals.end()) {
+    auto sym = it->second.symbols.find(name);
+    if (sym == it->second.symbols.end()) return CUDA_ERROR_NOT_FOUND;
+    void* p = fg::MapAnonymous(sym->second);
+    if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+    const int dev = fg::CurrentDevice();
+    fg::AddRange({reinterpret_cast<std::uintptr_t>(p), sym->second,
+                  dev < 0 ? 0 : dev, fg::Kind::kDevice});
+    g = it->second.globals.emplace(name, std::make_pair(p, sym->second)).first;
+  }
+  if (dptr != nullptr) *dptr = reinterpret_cast<CUdeviceptr>(g->second.first);
+  if (bytes != nullptr) *bytes = g->second.second;
+  return CUDA_SUCCESS;
+}
 
 FAKE cuModuleLoadData(void** module, const void* image) {
   ENTER();
@@ -1333,9 +1409,14 @@ FAKE cuModuleUnload(void* module) {
   ENTER();
   Driver& d = D();
   std::lock_guard<std::mutex> lock(d.mu);
-  return d.modules.erase(reinterpret_cast<std::uintptr_t>(module)) == 1
-             ? CUDA_SUCCESS
-             : CUDA_ERROR_INVALID_HANDLE;
+  auto it = d.modules.find(reinterpret_cast<std::uintptr_t>(module));
+  if (it == d.modules.end()) return CUDA_ERROR_INVALID_HANDLE;
+  for (auto& [name, g] : it->second.globals) {
+    fg::RemoveRange(reinterpret_cast<std::uintptr_t>(g.first));
+    fg::UnmapAnonymous(g.first, g.second);
+  }
+  d.modules.erase(it);
+  return CUDA_SUCCESS;
 }
 
 FAKE cuModuleGetFunction(void** function, void* module, const char* name) {
@@ -1381,9 +1462,11 @@ FAKE cuFuncSetAttribute(void* function, int attribute, int value) {
   ENTER();
   Driver& d = D();
   std::lock_guard<std::mutex> lock(d.mu);
+  if (function == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  // A runtime kernel (cudaGetFuncBySymbol) has no entry: nothing to keep.
   auto it = d.functions.find(reinterpret_cast<std::uintptr_t>(function));
-  if (it == d.functions.end()) return CUDA_ERROR_INVALID_HANDLE;
-  if (attribute >= 0 && attribute < 16) it->second->attrs[attribute] = value;
+  if (it != d.functions.end() && attribute >= 0 && attribute < 16)
+    it->second->attrs[attribute] = value;
   return CUDA_SUCCESS;
 }
 
@@ -1491,6 +1574,22 @@ FAKE cuLaunchCooperativeKernel(void* f, unsigned int, unsigned int,
   if (f == nullptr || StreamFor(stream) == nullptr)
     return CUDA_ERROR_INVALID_HANDLE;
   Launched();
+  return CUDA_SUCCESS;
+}
+
+// Tensor-memory-access descriptors (CUtensorMap, 128 bytes) that Triton's
+// Hopper kernels take: zeroed, since the kernels do not run.
+FAKE cuTensorMapEncodeTiled(void* map) {
+  ENTER();
+  if (map == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::memset(map, 0, 128);
+  return CUDA_SUCCESS;
+}
+
+FAKE cuTensorMapEncodeIm2col(void* map) {
+  ENTER();
+  if (map == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  std::memset(map, 0, 128);
   return CUDA_SUCCESS;
 }
 

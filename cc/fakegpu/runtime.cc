@@ -130,6 +130,49 @@ RT int cudaDeviceGetAttribute(int* value, int attribute, int device) {
              : kErrorInvalidValue;
 }
 
+// cudaDeviceProp's leading fields, at their offsets in CUDA 12's layout
+// (CUDA 13 removed clockRate, deviceOverlap and kernelExecTimeoutEnabled,
+// which moves the fields after them). The rest of the structure is zero.
+RT int cudaGetDeviceProperties_v2(unsigned char* prop, int device) {
+  ENTER();
+  if (prop == nullptr) return kErrorInvalidValue;
+  if (device < 0 || device >= fg::Opts().count) return kErrorInvalidDevice;
+  const bool cuda13 = fg::Opts().cuda_major == 13;
+  std::memset(prop, 0, 720);  // the first 720 of its 1008+ bytes
+  std::snprintf(reinterpret_cast<char*>(prop), 256, "%s",
+                fg::Opts().name.c_str());
+  auto put_size = [&](std::size_t off, std::size_t v) {
+    std::memcpy(prop + off, &v, sizeof v);
+  };
+  auto put_int = [&](std::size_t off, int v) {
+    std::memcpy(prop + off, &v, sizeof v);
+  };
+  put_size(288, fg::Opts().memory);  // totalGlobalMem
+  put_size(296, 49152);              // sharedMemPerBlock
+  put_int(304, 65536);               // regsPerBlock
+  put_int(308, 32);                  // warpSize
+  put_size(312, 2147483647);         // memPitch
+  put_int(320, 1024);                // maxThreadsPerBlock
+  put_int(324, 1024);
+  put_int(328, 1024);
+  put_int(332, 64);                  // maxThreadsDim
+  put_int(336, 2147483647);
+  put_int(340, 65535);
+  put_int(344, 65535);               // maxGridSize
+  if (!cuda13) put_int(348, fg::Opts().clock_khz);  // clockRate
+  put_size(352, 65536);              // totalConstMem
+  put_int(360, 9);                   // major
+  put_int(364, 0);                   // minor
+  put_size(368, 512);                // textureAlignment
+  put_size(376, 32);                 // texturePitchAlignment
+  put_int(cuda13 ? 384 : 388, fg::Opts().sms);  // multiProcessorCount
+  return kSuccess;
+}
+
+RT int cudaGetDeviceProperties(unsigned char* prop, int device) {
+  return cudaGetDeviceProperties_v2(prop, device);
+}
+
 RT int cudaGetLastError() { return kSuccess; }
 RT int cudaPeekAtLastError() { return kSuccess; }
 
@@ -310,6 +353,19 @@ RT int cudaLaunchKernel(const void* func) {
 RT int cudaLaunchKernelExC(const void* config, const void* func) {
   ENTER();
   return config != nullptr && func != nullptr ? kSuccess : kErrorInvalidValue;
+}
+
+// The kernel behind a function of nvcc's code: the symbol's address serves
+// as its handle (kernels do not run; the driver accepts any non-null one).
+RT int cudaGetFuncBySymbol(void** function, const void* symbol) {
+  ENTER();
+  if (function == nullptr || symbol == nullptr) return kErrorInvalidValue;
+  *function = const_cast<void*>(symbol);
+  return kSuccess;
+}
+
+RT int cudaGetKernel(void** kernel, const void* symbol) {
+  return cudaGetFuncBySymbol(kernel, symbol);
 }
 
 RT int cudaFuncSetAttribute(const void*, int, int) {

@@ -169,6 +169,17 @@ def environment(environ: Dict[str, str], model: str, count: int,
         FAKE_ENV: "1", MODEL_ENV: model, COUNT_ENV: str(count),
         CUDA_ENV: str(cuda_major()), _driver.REAL_DRIVER_ENV: fake,
     }
+    # JAX's own order on a GPU machine (CUDA first, then the CPU), told to
+    # programs that look for /dev/nvidia* themselves before starting jax.
+    if not environ.get("JAX_PLATFORMS"):
+        env["JAX_PLATFORMS"] = "cuda,cpu"
+    # The fake implements no CUDA graphs, so XLA's command buffers are off
+    # (unless the program's XLA_FLAGS set them); buffers are XLA's all the
+    # same (docs/design.md, "The fake GPU").
+    flags = environ.get("XLA_FLAGS", "")
+    if "--xla_gpu_enable_command_buffer" not in flags:
+        env["XLA_FLAGS"] = (flags + " " if flags else "") + \
+            "--xla_gpu_enable_command_buffer="
     nbytes = memory if memory is not None else MODELS[model][1]
     env[MEMORY_ENV] = str(nbytes)
     folder = library_dir(fake, shim)
