@@ -23,6 +23,7 @@ from jaxlake._src.trace.recorder import RecorderError
 from jaxlake._src.trace.recorder import enable_per_tensor_dumps
 from jaxlake._src.core.stats import Stats
 from jaxlake._src.xla.integration import Status
+from jaxlake._src.xla.integration import check
 from jaxlake._src.xla.integration import configure
 from jaxlake._src.xla.integration import empty_cache
 from jaxlake._src.xla.integration import hook_counts
@@ -69,6 +70,7 @@ __all__ = [
     "Status",
     "TraceEvent",
     "__version__",
+    "check",
     "configure",
     "empty_cache",
     "enable_per_tensor_dumps",

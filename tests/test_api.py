@@ -31,6 +31,7 @@ def test_public_names_are_pinned() -> None:
         "Status",
         "TraceEvent",
         "__version__",
+        "check",
         "configure",
         "empty_cache",
         "enable_per_tensor_dumps",

@@ -198,6 +198,23 @@ long long jaxlake_shim_empty_cache(int device) {
   }
 }
 
+size_t jaxlake_shim_check(int device, char* buf, size_t size) {
+  try {
+    Lakes& lakes = Lakes::Get();
+    std::string problems;
+    for (int d : lakes.Devices()) {
+      if (device != -1 && d != device) continue;
+      const std::string p = lakes.Existing(d)->check();
+      if (!p.empty())
+        problems += "device " + std::to_string(d) + ": " + p + "\n";
+    }
+    return jaxlake::shim::Copy(problems, buf, size);
+  } catch (...) {
+    return jaxlake::shim::Copy("the check could not run (out of memory)\n",
+                               buf, size);
+  }
+}
+
 int jaxlake_shim_trace_start(const char* path, const char* name) {
   if (path == nullptr) return -EINVAL;
   try {

@@ -100,6 +100,12 @@ JAXLAKE_SHIM_EXPORT_API size_t jaxlake_shim_status_json(char* buf,
  * device has no lake. */
 JAXLAKE_SHIM_EXPORT_API long long jaxlake_shim_empty_cache(int device);
 
+/* Checks the invariants of the lake of `device` (every lake for -1): their
+ * problems, one line each ("device N: ..."), or "" when there are none;
+ * the size in the style of jaxlake_shim_reason(). */
+JAXLAKE_SHIM_EXPORT_API size_t jaxlake_shim_check(int device, char* buf,
+                                                  size_t size);
+
 /* Starts writing the allocation trace (JSON lines, docs/traces.md, source
  * "shim") to `path`, truncating it; a running trace is stopped first.
  * `name` goes into the header (NULL: "shim"). Returns 0, or -errno when the

@@ -59,6 +59,10 @@ def register(commands: Any) -> None:
                     "JAX operation, whether XLA's allocations reach it.")
     doctor.add_argument("--no-jax", action="store_true",
                         help="do not start JAX to check the hooks")
+    doctor.add_argument("--fake-gpu", nargs="?", const="h100",
+                        metavar="MODEL",
+                        help="check over jaxlake's fake GPU (h100 or h200), "
+                             "as `jaxlake run --fake-gpu` runs a program")
     doctor.set_defaults(func=_doctor)
 
 
@@ -276,4 +280,12 @@ def doctor(out: TextIO, start_jax: bool = True) -> int:
 
 
 def _doctor(args: argparse.Namespace) -> int:
+    if args.fake_gpu is not None:
+        # The doctor itself, run as `jaxlake run --fake-gpu` runs a program.
+        import subprocess
+        command = [sys.executable, "-m", "jaxlake", "run",
+                   f"--fake-gpu={args.fake_gpu}", "--", sys.executable, "-m",
+                   "jaxlake", "doctor"] + (["--no-jax"] if args.no_jax else [])
+        sys.stdout.flush()
+        return subprocess.call(command)
     return doctor(sys.stdout, start_jax=not args.no_jax)

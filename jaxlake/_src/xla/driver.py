@@ -143,6 +143,9 @@ class _Shim:
             ctypes.POINTER(ctypes.c_int), ctypes.c_int]
         lib.jaxlake_shim_empty_cache.restype = ctypes.c_longlong
         lib.jaxlake_shim_empty_cache.argtypes = [ctypes.c_int]
+        lib.jaxlake_shim_check.restype = ctypes.c_size_t
+        lib.jaxlake_shim_check.argtypes = [ctypes.c_int, ctypes.c_char_p,
+                                           ctypes.c_size_t]
         lib.jaxlake_shim_trace_start.restype = ctypes.c_int
         lib.jaxlake_shim_trace_start.argtypes = [ctypes.c_char_p,
                                                  ctypes.c_char_p]
@@ -189,6 +192,9 @@ class _Shim:
 
     def empty_cache(self, device: int) -> int:
         return int(self.lib.jaxlake_shim_empty_cache(device))
+
+    def check(self, device: int) -> str:
+        return self._text(self.lib.jaxlake_shim_check, device) or ""
 
     def trace_start(self, path: str, name: Optional[str]) -> int:
         return int(self.lib.jaxlake_shim_trace_start(

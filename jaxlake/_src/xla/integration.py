@@ -566,6 +566,19 @@ def empty_cache(device: Optional[int] = None) -> int:
     return max(0, shim.empty_cache(-1 if device is None else int(device)))
 
 
+def check(device: Optional[int] = None) -> None:
+    """Checks the invariants of XLA's lakes (one device's, or all): raises
+    InvariantError naming every problem found. Without an active lake there
+    is nothing to check."""
+    shim = _loaded_shim()
+    if shim is None:
+        return
+    problems = shim.check(-1 if device is None else int(device))
+    if problems:
+        from jaxlake._src.errors import InvariantError
+        raise InvariantError(problems.strip())
+
+
 def memory_report() -> str:
     """A table of each lake's figures, for people."""
     st = status()

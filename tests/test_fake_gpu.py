@@ -1,0 +1,253 @@
+"""XLA's real GPU client over the fake GPU (`jaxlake run --fake-gpu`).
+
+These run unmodified JAX programs on the CUDA plugin the test extra installs
+(jax[cuda12-local]: no NVIDIA libraries), on a machine with no GPU, with the
+shipped shim and lake serving XLA's pool. Kernels do not run, so only buffer
+bytes that copies write are checked. They are CPU tests of the integration,
+never a stand-in for a GPU figure (benchmarks/gpu/check.sh is that).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+from typing import Dict, List, Optional
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+JAXLAKE = str(pathlib.Path(sys.executable).with_name("jaxlake"))
+
+
+def _plugin_reason() -> Optional[str]:
+    if sys.platform != "linux" or os.uname().machine != "x86_64":
+        return "the fake GPU and the shim are built on x86-64 Linux only"
+    for mod in ("jax", "jax_plugins.xla_cuda12"):
+        try:
+            if importlib.util.find_spec(mod) is None:
+                return (f"{mod} is not installed (the test extra installs "
+                        "jax[cuda12-local] on Python 3.11 and newer)")
+        except (ImportError, ValueError):
+            return f"{mod} cannot be imported"
+    from jaxlake._src.xla import fakegpu
+    if not os.path.isfile(fakegpu.library_path()):
+        return f"this build has no fake GPU ({fakegpu.library_path()})"
+    if fakegpu.nvidia_wheels():
+        return ("NVIDIA's CUDA wheels are installed, and the fake GPU "
+                "refuses to run over them")
+    return None
+
+
+pytestmark = pytest.mark.skipif(_plugin_reason() is not None,
+                                reason=str(_plugin_reason()))
+
+
+def fake_run(script: str, *, args: List[str] = (), env: Dict[str, str] = {},
+             argv: Optional[List[str]] = None, timeout: int = 300
+             ) -> subprocess.CompletedProcess:
+    """Runs a Python script (or argv) under `jaxlake run --fake-gpu`."""
+    full = dict(os.environ)
+    for var in ("JAX_PLATFORMS", "XLA_FLAGS", "LD_PRELOAD", "JAXLAKE"):
+        full.pop(var, None)
+    # Autotuning runs each candidate kernel (here, none of them do
+    # anything): off, to keep the tests short on two cores.
+    full["XLA_FLAGS"] = "--xla_gpu_autotune_level=0"
+    full.update(env)
+    command = argv if argv is not None else [
+        sys.executable, "-c", textwrap.dedent(script)]
+    return subprocess.run([JAXLAKE, "run", "--fake-gpu", *args, "--",
+                           *command], env=full, capture_output=True,
+                          text=True, timeout=timeout, cwd=str(ROOT))
+
+
+def result(proc: subprocess.CompletedProcess) -> Dict:
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return dict(json.loads(lines[-1][len("RESULT "):]))
+
+
+PRELUDE = """
+import json, numpy as np, jax, jax.numpy as jnp, jaxlake
+def served(name):
+    return jaxlake.hook_counts().get(name, {})
+def report(**kw):
+    print("RESULT " + json.dumps(kw), flush=True)
+"""
+
+
+def test_devices_round_trip_and_jit_output_from_the_lake() -> None:
+    proc = fake_run(PRELUDE + """
+x = np.random.default_rng(1).standard_normal(1 << 20).astype(np.float32)
+y = jax.device_put(x)
+same = bool(np.array_equal(np.asarray(y), x))
+z = jax.jit(lambda a: a + 1)(y)
+z.block_until_ready()
+ptr = z.unsafe_buffer_pointer()
+del z, y
+import gc; gc.collect()
+jnp.zeros(8).block_until_ready()
+report(devices=[d.platform for d in jax.devices()],
+       kind=jax.devices()[0].device_kind, same=same,
+       alloc=served("cuMemAllocFromPoolAsync"),
+       free=served("cuMemFreeAsync"))
+""")
+    out = result(proc)
+    assert out["devices"] == ["gpu"]
+    assert "H100" in out["kind"]
+    assert out["same"]
+    assert out["alloc"]["served"] >= 2 and out["alloc"]["forwarded"] == 0
+    assert out["free"]["served"] >= 1 and out["free"]["forwarded"] == 0
+    assert "Kernels do not run" in proc.stderr
+
+
+def test_fragmented_free_memory_is_stitched_for_a_large_array() -> None:
+    proc = fake_run(PRELUDE + """
+bufs = [jax.device_put(np.full(10 << 20, i, np.float32)) for i in range(20)]
+for b in bufs: b.block_until_ready()
+for i in range(0, 20, 2): bufs[i].delete()
+data = np.random.default_rng(0).integers(0, 255, 320 << 20, dtype=np.uint8)
+big = jax.device_put(data); big.block_until_ready()
+same = bool(np.array_equal(np.asarray(big), data))
+s = jaxlake.stats(0)
+report(same=same, stitch=int(s.alloc_stitch) + int(s.alloc_stitch_reuse),
+       reserved_peak=int(s.bytes_reserved_peak),
+       odd_intact=all(float(np.asarray(bufs[i])[-1]) == i
+                      for i in range(1, 20, 2)))
+""", env={"JAXLAKE_CAPACITY": "1GiB"})
+    out = result(proc)
+    assert out["same"] and out["odd_intact"]
+    assert out["stitch"] >= 1
+    assert out["reserved_peak"] <= 1 << 30
+
+
+def test_request_over_capacity_raises_and_the_program_goes_on() -> None:
+    proc = fake_run(PRELUDE + """
+a = jax.device_put(np.ones(64 << 20, np.uint8)); a.block_until_ready()
+try:
+    jax.device_put(np.zeros(600 << 20, np.uint8)).block_until_ready()
+    raised = ""
+except Exception as e:
+    raised = str(e)
+del a
+b = jax.device_put(np.arange(256, dtype=np.uint8)); b.block_until_ready()
+jaxlake.check()
+s = jaxlake.stats(0)
+report(raised=raised[:300], ooms=int(s.ooms), b=np.asarray(b).tolist()[:4],
+       in_use=int(s.bytes_in_use), live=int(s.live_allocations))
+""", env={"JAXLAKE_CAPACITY": "512MiB"})
+    out = result(proc)
+    assert "RESOURCE_EXHAUSTED" in out["raised"]
+    assert out["ooms"] >= 1
+    assert out["b"] == [0, 1, 2, 3]
+    assert out["live"] >= 1 and out["in_use"] < 512 << 20
+    assert "out of memory allocating" in proc.stderr  # the lake's summary
+
+
+@pytest.mark.parametrize("fault", ["cuMemCreate:2:999", "cuMemMap:2:999"])
+def test_injected_driver_fault_reaches_the_program_cleanly(fault: str) -> None:
+    proc = fake_run(PRELUDE + """
+errors = []
+kept = []
+for i in range(4):
+    try:
+        x = jax.device_put(np.full(4 << 20, i, np.uint8)); x.block_until_ready()
+        kept.append(x)
+    except Exception as e:
+        errors.append(str(e)[:200])
+jaxlake.check()
+s = jaxlake.stats(0)
+report(errors=errors, values=[int(np.asarray(k)[0]) for k in kept],
+       driver_errors=int(s.driver_errors))
+""", env={"JAXLAKE_FAKEGPU_FAIL": fault, "JAXLAKE_CAPACITY": "256MiB"})
+    out = result(proc)
+    assert "injected fault" in proc.stderr
+    assert out["driver_errors"] >= 1, out
+    assert len(out["errors"]) + len(out["values"]) == 4
+    assert len(out["values"]) >= 3  # the lake recovered after the fault
+
+
+def test_hooks_off_gives_xla_the_fake_drivers_own_pool() -> None:
+    proc = fake_run(PRELUDE + """
+x = jax.device_put(np.ones(1 << 20, np.float32)); x.block_until_ready()
+report(alloc=served("cuMemAllocFromPoolAsync"))
+""", env={"JAXLAKE_SHIM_HOOKS": "0"})
+    out = result(proc)
+    assert out["alloc"]["served"] == 0 and out["alloc"]["forwarded"] >= 1
+
+
+def _checked_trace(path: pathlib.Path, devices: int) -> int:
+    """Reads the shim's trace strictly (a valid jaxlake trace); returns its
+    event count."""
+    from jaxlake._src.trace import tracefile
+    trace = tracefile.read_trace(str(path))
+    assert trace.source == "shim" and trace.devices == devices
+    assert not trace.skipped
+    return len(trace)
+
+
+def _pool_calls_reaching_the_fake(stats: pathlib.Path) -> Dict[str, int]:
+    calls = json.loads(stats.read_text())["calls"]
+    return {name: int(calls.get(name, 0)) for name in (
+        "cuMemAllocFromPoolAsync", "cuMemFreeAsync", "cuMemCreate")}
+
+
+def test_train_lm_tiny_every_pool_buffer_served(tmp_path: pathlib.Path
+                                                ) -> None:
+    trace, stats = tmp_path / "tiny.jsonl", tmp_path / "fake.json"
+    proc = fake_run("", args=["--trace", str(trace)], argv=[
+        sys.executable, str(ROOT / "examples" / "train_lm.py"), "--preset",
+        "tiny", "--steps", "3", "--attention", "xla"],
+        env={"JAXLAKE_FAKEGPU_STATS": str(stats)}, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert _checked_trace(trace, 1) > 20
+    calls = _pool_calls_reaching_the_fake(stats)
+    # The lake served every pool call: none reached the driver's own pool,
+    # and the lake's memory came from the VMM calls.
+    assert calls.cuMemAllocFromPoolAsync == 0
+    assert calls.cuMemFreeAsync == 0
+    assert calls.cuMemCreate >= 1
+
+
+def test_train_sharded_two_fake_devices(tmp_path: pathlib.Path) -> None:
+    trace, stats = tmp_path / "sharded.jsonl", tmp_path / "fake.json"
+    proc = fake_run("", args=["--fake-gpu-count", "2", "--trace",
+                              str(trace)], argv=[
+        sys.executable, str(ROOT / "examples" / "train_sharded.py"),
+        "--layout", "data", "--preset", "tiny", "--steps", "2",
+        "--attention", "xla"],
+        env={"JAXLAKE_FAKEGPU_STATS": str(stats)}, timeout=400)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert _checked_trace(trace, 2) > 20
+    calls = _pool_calls_reaching_the_fake(stats)
+    assert calls.cuMemAllocFromPoolAsync == 0
+    assert calls.cuMemCreate >= 2
+
+
+def test_doctor_fake_gpu_shows_the_hooks_live() -> None:
+    proc = subprocess.run([JAXLAKE, "doctor", "--fake-gpu"],
+                          capture_output=True, text=True, timeout=300,
+                          env={k: v for k, v in os.environ.items()
+                               if k not in ("JAX_PLATFORMS", "XLA_FLAGS")})
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "hooks live:" in proc.stdout
+    assert "yes (" in proc.stdout.split("hooks live:")[1].splitlines()[0]
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--fake-gpu=a100"], "h100 or h200"),
+    (["--fake-gpu", "--fake-gpu-memory", "banana"], "--fake-gpu-memory"),
+    (["--fake-gpu", "--fake-gpu-count", "0"], "--fake-gpu-count"),
+])
+def test_bad_fake_gpu_options_are_named(args: List[str], message: str) -> None:
+    proc = subprocess.run([JAXLAKE, "run", *args, "--", sys.executable, "-c",
+                           "print('ran')"], capture_output=True, text=True,
+                          timeout=60)
+    assert proc.returncode == 1
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert "ran" not in proc.stdout
