@@ -209,9 +209,9 @@ def test_train_lm_tiny_every_pool_buffer_served(tmp_path: pathlib.Path
     calls = _pool_calls_reaching_the_fake(stats)
     # The lake served every pool call: none reached the driver's own pool,
     # and the lake's memory came from the VMM calls.
-    assert calls.cuMemAllocFromPoolAsync == 0
-    assert calls.cuMemFreeAsync == 0
-    assert calls.cuMemCreate >= 1
+    assert calls["cuMemAllocFromPoolAsync"] == 0
+    assert calls["cuMemFreeAsync"] == 0
+    assert calls["cuMemCreate"] >= 1
 
 
 def test_train_sharded_two_fake_devices(tmp_path: pathlib.Path) -> None:
@@ -225,8 +225,8 @@ def test_train_sharded_two_fake_devices(tmp_path: pathlib.Path) -> None:
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert _checked_trace(trace, 2) > 20
     calls = _pool_calls_reaching_the_fake(stats)
-    assert calls.cuMemAllocFromPoolAsync == 0
-    assert calls.cuMemCreate >= 2
+    assert calls["cuMemAllocFromPoolAsync"] == 0
+    assert calls["cuMemCreate"] >= 2
 
 
 def test_doctor_fake_gpu_shows_the_hooks_live() -> None:

@@ -16,7 +16,8 @@
 //                cuMemAllocFromPoolAsync/cuMemFreeAsync on malloc, so a test
 //                can tell the shim's hook from the driver's own pool
 //   lookup       cuGetProcAddress(_v2) answers with this library's
-//                functions; cuGetExportTable with a fixed table
+//                functions; cuGetExportTable refuses (no private
+//                table is implemented), so a test sees it forwarded
 //
 //   capture      cuStreamBeginCapture(_v2)/cuStreamEndCapture open and close
 //                captures (global, thread-local or relaxed mode), and
@@ -287,7 +288,6 @@ void* Self() {
   return self;
 }
 
-const void* const kExportTable[4] = {};
 
 }  // namespace
 
@@ -911,8 +911,8 @@ FAKE_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn,
 FAKE_EXPORT CUresult cuGetExportTable(const void** table, const CUuuid* id) {
   FAKE_COUNT();
   if (table == nullptr || id == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *table = kExportTable;
-  return CUDA_SUCCESS;
+  *table = nullptr;
+  return CUDA_ERROR_NOT_SUPPORTED;
 }
 
 FAKE_EXPORT CUresult cuGetErrorName(CUresult error, const char** name) {
