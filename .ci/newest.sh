@@ -36,4 +36,4 @@ fi
 grep -iE '^(jax|jaxlib|jax-cuda1[23]-(plugin|pjrt)|flax|optax|orbax-checkpoint)==' \
   "$VENV/after.txt"
 "$VENV/bin/pytest" -q tests/test_xla.py tests/test_recorder.py \
-  tests/test_examples.py tests/test_api.py
+  tests/test_examples.py tests/test_api.py tests/test_fake_gpu.py
