@@ -127,8 +127,20 @@ std::size_t Lake::Impl::ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
   }
   std::vector<std::unique_ptr<Segment>> doomed;
   for (std::uint64_t id : ids) doomed.push_back(segs.remove(id));
-  if (doomed.empty()) return 0;
-  std::vector<Unreleased> undo(doomed.size());
+  // A growth range left with no segment (a failed growth emptied it) is
+  // freed too.
+  std::vector<std::pair<std::uintptr_t, std::size_t>> empty;
+  for (auto it = ranges.begin(); it != ranges.end();) {
+    if (it->second.segments != 0) {
+      ++it;
+      continue;
+    }
+    empty.emplace_back(it->first, it->second.bytes);
+    if (current_range == it->first) current_range = 0;
+    it = ranges.erase(it);
+  }
+  if (doomed.empty() && empty.empty()) return 0;
+  std::vector<Unreleased> undo(doomed.size() + empty.size());
   for (std::size_t i = 0; i < doomed.size(); ++i) {
     const Segment& seg = *doomed[i];
     const std::size_t bytes = std::size_t{seg.nchunks} * gran;
@@ -137,9 +149,13 @@ std::size_t Lake::Impl::ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
     ++st.segments_released;
     undo[i].maps.emplace_back(seg.va, bytes);
     undo[i].handle = seg.handle;
-    undo[i].va = seg.va;
-    undo[i].va_bytes = bytes;
+    // The range's reservation goes with its last segment, after its unmap.
+    LeaveRange(seg, &undo[i].va, &undo[i].va_bytes);
     undo[i].phys = bytes;
+  }
+  for (std::size_t i = 0; i < empty.size(); ++i) {
+    undo[doomed.size() + i].va = empty[i].first;
+    undo[doomed.size() + i].va_bytes = empty[i].second;
   }
   // Whatever fails below stays counted (bytes_unreleased) until a retry
   // succeeds; only what the driver gave back is reported released. Until
@@ -148,9 +164,9 @@ std::size_t Lake::Impl::ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
   for (const Unreleased& u : undo) releasing += u.phys;
   releasing_bytes += releasing;
   lk.unlock();
-  std::vector<Status> result(doomed.size());
+  std::vector<Status> result(undo.size());
   const char* what = "";
-  for (std::size_t i = 0; i < doomed.size(); ++i) {
+  for (std::size_t i = 0; i < undo.size(); ++i) {
     const char* w = "";
     result[i] = Teardown(undo[i], &w);
     if (result[i] != Status::kOk && *what == '\0') what = w;
@@ -160,7 +176,7 @@ std::size_t Lake::Impl::ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
   ++changes;
   std::size_t released = 0;
   Status first = Status::kOk;
-  for (std::size_t i = 0; i < doomed.size(); ++i) {
+  for (std::size_t i = 0; i < undo.size(); ++i) {
     if (result[i] == Status::kOk) {
       released += undo[i].phys;
       continue;
