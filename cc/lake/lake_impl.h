@@ -168,9 +168,9 @@ struct Lake::Impl {
   std::size_t RangeBytes(std::size_t bytes) const {
     return std::max(bytes, max_request);
   }
-  // A segment leaves its growth range; when it was the range's last, the
-  // range is gone and *va / *va_bytes (else 0) name the reservation that
-  // the segment's teardown must free after unmapping it.
+  // A segment leaves its growth range (once it is unmapped); when it was
+  // the range's last, the range is gone and *va / *va_bytes (else 0) name
+  // the reservation to free.
   void LeaveRange(const Segment& seg, std::uintptr_t* va,
                   std::size_t* va_bytes);
   // True when the pieces lie back to back at their primary addresses in

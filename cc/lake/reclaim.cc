@@ -149,8 +149,6 @@ std::size_t Lake::Impl::ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
     ++st.segments_released;
     undo[i].maps.emplace_back(seg.va, bytes);
     undo[i].handle = seg.handle;
-    // The range's reservation goes with its last segment, after its unmap.
-    LeaveRange(seg, &undo[i].va, &undo[i].va_bytes);
     undo[i].phys = bytes;
   }
   for (std::size_t i = 0; i < empty.size(); ++i) {
@@ -174,6 +172,24 @@ std::size_t Lake::Impl::ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
   lk.lock();
   releasing_bytes -= releasing;
   ++changes;
+  // A segment leaves its growth range only now, after its unmap: another
+  // thread may be unmapping a segment of the same range meanwhile, and the
+  // range's reservation is freed only when the last of them is done (in a
+  // second round, with the lock released again). When the last one's unmap
+  // failed, its kept remains free the reservation after unmapping.
+  std::vector<Unreleased> ranges_undo;
+  for (std::size_t i = 0; i < doomed.size(); ++i) {
+    if (doomed[i]->range == 0) continue;
+    Unreleased u;
+    LeaveRange(*doomed[i], &u.va, &u.va_bytes);
+    if (u.va == 0) continue;
+    if (undo[i].maps.empty()) {
+      ranges_undo.push_back(std::move(u));
+    } else {
+      undo[i].va = u.va;
+      undo[i].va_bytes = u.va_bytes;
+    }
+  }
   std::size_t released = 0;
   Status first = Status::kOk;
   for (std::size_t i = 0; i < undo.size(); ++i) {
@@ -187,6 +203,20 @@ std::size_t Lake::Impl::ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
     Keep(std::move(undo[i]));
   }
   if (first != Status::kOk) Report(first, what, status, error);
+  if (!ranges_undo.empty()) {
+    lk.unlock();
+    std::vector<Status> rs(ranges_undo.size());
+    const char* rwhat = "";
+    for (std::size_t i = 0; i < ranges_undo.size(); ++i)
+      rs[i] = Teardown(ranges_undo[i], &rwhat);
+    lk.lock();
+    for (std::size_t i = 0; i < ranges_undo.size(); ++i) {
+      if (rs[i] == Status::kOk) continue;
+      ++st.driver_errors;
+      Report(rs[i], rwhat, status, error);
+      Keep(std::move(ranges_undo[i]));
+    }
+  }
   return released;
 }
 

@@ -786,6 +786,53 @@ TEST(failed_growth_gives_its_stretch_back) {
   CHECK_EQ(lake.check(), std::string());
 }
 
+// A sim driver that runs a callback inside its nth unmap call.
+class UnmapHookDriver : public jaxlake::vmm::SimDriver {
+ public:
+  using SimDriver::SimDriver;
+  int hook_at = 0;
+  std::function<void()> on_unmap;
+
+ protected:
+  Status do_unmap(std::uintptr_t va, std::size_t size) override {
+    if (++unmaps_ == hook_at && on_unmap) {
+      auto f = std::move(on_unmap);
+      f();
+    }
+    return SimDriver::do_unmap(va, size);
+  }
+
+ private:
+  int unmaps_ = 0;
+};
+
+// Two releases of segments of one growth range, the second made while the
+// first is unmapping (lock released): the range's reservation is freed
+// only after both unmaps, by whichever finishes last.
+TEST(range_freed_after_its_last_segment_is_unmapped) {
+  UnmapHookDriver drv(Small());
+  Lake lake(drv, LakeOptions{});
+  auto x = Alloc(lake, 2 * kMiB);
+  auto y = Alloc(lake, 2 * kMiB);
+  CHECK_EQ(y, x + 2 * kMiB);
+  CHECK(lake.free(x, 0) == Status::kOk);
+  Status inner = Status::kDriverError;
+  drv.hook_at = 1;  // x's unmap
+  drv.on_unmap = [&] {
+    CHECK(lake.free(y, 0) == Status::kOk);
+    CHECK_EQ(lake.empty_cache(&inner), 2 * kMiB);
+    CHECK_EQ(lake.check(), std::string());
+    CHECK(drv.reserved_bytes() > 0u);  // x is still mapped in it
+  };
+  Status s = Status::kDriverError;
+  CHECK_EQ(lake.empty_cache(&s), 2 * kMiB);
+  CHECK(s == Status::kOk);
+  CHECK(inner == Status::kOk);
+  CHECK_EQ(drv.reserved_bytes(), 0u);
+  CHECK_EQ(drv.physical_bytes(), 0u);
+  CHECK_EQ(lake.check(), std::string());
+}
+
 // Random operations over real memory, verifying every live block's bytes.
 TEST(random_operations_keep_data_and_invariants) {
   jaxlake::vmm::HostDriver drv(Small(512 * kMiB));
