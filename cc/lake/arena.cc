@@ -150,19 +150,40 @@ case AllocState::name: \
 }
 
 // Creates a segment of n chunks (lock released during driver calls).
-// Capacity must have been claimed in pending_bytes by the caller.
+// Capacity must have been claimed in pending_bytes by the caller. Its VA
+// is the next free stretch of the current growth range, claimed before
+// the lock is released so that concurrent growths get adjacent stretches;
+// when the range has no room left, a new range is reserved (lock
+// released) and becomes the current one.
 Status Lake::Impl::CreateSegment(std::unique_lock<std::mutex>& lk,
                                  std::uint64_t n, std::uint64_t* seg_out) {
   const std::size_t bytes = std::size_t{n} * gran;
+  std::uintptr_t base = 0, va = 0;
+  if (current_range != 0) {
+    GrowthRange& g = ranges.at(current_range);
+    if (g.bytes - g.next >= bytes) {
+      base = current_range;
+      va = base + g.next;
+      g.next += bytes;
+      ++g.segments;
+    }
+  }
+  const bool fresh = va == 0;
+  const std::size_t range_bytes = fresh ? RangeBytes(bytes) : 0;
   lk.unlock();
-  std::uintptr_t va = 0;
   Handle h = 0;
-  Status s = drv.reserve(bytes, &va);
+  Status s = Status::kOk;
   Unreleased undo;  // what a failure must give back
+  if (fresh) {
+    s = drv.reserve(range_bytes, &va);
+    if (s == Status::kOk) {
+      base = va;
+      undo.va = va;
+      undo.va_bytes = range_bytes;
+    }
+  }
   Status us = Status::kOk;
   if (s == Status::kOk) {
-    undo.va = va;
-    undo.va_bytes = bytes;
     s = drv.create(bytes, &h);
     if (s == Status::kOk) {
       undo.handle = h;
@@ -177,6 +198,25 @@ Status Lake::Impl::CreateSegment(std::unique_lock<std::mutex>& lk,
   }
   lk.lock();
   pending_bytes -= bytes;
+  if (s != Status::kOk && !fresh) {
+    // Give the stretch back when nothing was placed after it meanwhile;
+    // an emptied range stays current (ReleaseFreeSegments frees it).
+    GrowthRange& g = ranges.at(base);
+    --g.segments;
+    if (g.next == va - base + bytes) g.next -= bytes;
+  }
+  if (s == Status::kOk && fresh) {
+    GrowthRange g;
+    g.bytes = range_bytes;
+    g.next = bytes;
+    g.segments = 1;
+    ranges.emplace(base, g);
+    // The range with more room left takes the next growths.
+    if (current_range == 0 ||
+        ranges.at(current_range).bytes - ranges.at(current_range).next <
+            range_bytes - bytes)
+      current_range = base;
+  }
   if (s != Status::kOk) {
     ++changes;  // the claimed capacity is free again
     if (s != Status::kOutOfMemory) ++st.driver_errors;
@@ -191,6 +231,7 @@ Status Lake::Impl::CreateSegment(std::unique_lock<std::mutex>& lk,
   seg.handle = h;
   seg.va = va;
   seg.nchunks = n;
+  seg.range = base;
   Block b;
   b.end = n * cu;
   IndexAdd(id, 0, seg.blocks.emplace(0, b).first->second);
@@ -253,8 +294,10 @@ Status Lake::Impl::ClaimPrimary(std::unique_lock<std::mutex>& lk,
     return Status::kOk;
   }
   std::uint64_t chunks = ChunkUp(n) / cu;
-  // grow_min: a larger segment where the capacity left allows it.
-  const std::uint64_t want = opt.grow_min / gran;
+  // A larger segment where the capacity left allows it: at least grow_min
+  // bytes, and at least 1/kGrowAhead of what the lake holds.
+  const std::uint64_t want = std::max<std::uint64_t>(
+      opt.grow_min / gran, HeldBytes() / gran / kGrowAhead);
   if (want > chunks) {
     const std::size_t held = HeldBytes();
     const std::uint64_t left = held < capacity ? (capacity - held) / gran : 0;
@@ -273,6 +316,32 @@ Status Lake::Impl::ClaimPrimary(std::unique_lock<std::mutex>& lk,
   *start_out = 0;
   *how = AllocState::grow;
   return Status::kOk;
+}
+
+void Lake::Impl::LeaveRange(const Segment& seg, std::uintptr_t* va,
+                            std::size_t* va_bytes) {
+  *va = 0;
+  *va_bytes = 0;
+  auto it = ranges.find(seg.range);
+  assert(it != ranges.end() && it->second.segments > 0);
+  if (--it->second.segments != 0) return;
+  *va = it->first;
+  *va_bytes = it->second.bytes;
+  if (current_range == it->first) current_range = 0;
+  ranges.erase(it);
+}
+
+bool Lake::Impl::BackToBack(const std::vector<Piece>& pieces) const {
+  if (pieces.empty()) return false;
+  const std::uintptr_t base = segs.at(pieces[0].seg).range;
+  std::uintptr_t end = 0;
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    const Segment& seg = segs.at(pieces[i].seg);
+    const std::uintptr_t at = seg.va + std::size_t{pieces[i].start} * unit;
+    if (seg.range != base || (i > 0 && at != end)) return false;
+    end = at + std::size_t{pieces[i].n} * unit;
+  }
+  return base != 0;
 }
 
 }  // namespace jaxlake

@@ -104,6 +104,33 @@ std::string Lake::Impl::Check() const {
       << free_blocks << " free blocks";
     return e.str();
   }
+  // Growth ranges: each counts the segments placed in it, which lie
+  // inside its reserved stretch.
+  std::map<std::uintptr_t, std::uint64_t> in_range;
+  for (auto [id, seg] : segs) {
+    if (seg.range == 0) continue;
+    auto rit = ranges.find(seg.range);
+    if (rit == ranges.end() || seg.va < seg.range ||
+        seg.va + std::size_t{seg.nchunks} * gran >
+            seg.range + rit->second.next) {
+      e << "segment " << id << " lies outside its growth range";
+      return e.str();
+    }
+    ++in_range[seg.range];
+  }
+  for (const auto& [va, g] : ranges) {
+    const std::uint64_t have = in_range.count(va) ? in_range.at(va) : 0;
+    // Growths in progress have claimed their stretch but made no segment.
+    if (have > g.segments || g.next > g.bytes) {
+      e << "growth range " << va << " counts " << g.segments
+        << " segments for " << have;
+      return e.str();
+    }
+  }
+  if (current_range != 0 && !ranges.count(current_range)) {
+    e << "current growth range " << current_range << " is missing";
+    return e.str();
+  }
   std::size_t stitched_va = 0, cached = 0;
   for (const auto& [id, r] : stitched) {
     if (!r.mapping) stitched_va += std::size_t{r.nunits} * unit;

@@ -114,12 +114,19 @@ Lake::~Lake() {
     Unreleased u;
     u.maps.emplace_back(seg.va, bytes);
     u.handle = seg.handle;
-    u.va = seg.va;
-    u.va_bytes = bytes;
     u.phys = bytes;
     if (m.Teardown(u, nullptr) != Status::kOk) m.Keep(std::move(u));
   }
   m.segs.clear();
+  // The growth ranges' reservations, once their segments are unmapped.
+  for (const auto& [va, g] : m.ranges) {
+    Unreleased u;
+    u.va = va;
+    u.va_bytes = g.bytes;
+    if (m.Teardown(u, nullptr) != Status::kOk) m.Keep(std::move(u));
+  }
+  m.ranges.clear();
+  m.current_range = 0;
   // What failed before, and just now, is retried twice more; what still
   // fails is lost (the lake is gone).
   for (int attempt = 0; attempt < 2; ++attempt)

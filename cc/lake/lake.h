@@ -25,8 +25,13 @@
 //                 mapped into a new range; a free block that ends at a
 //                 chunk boundary may lead it when that saves a chunk
 //   stitch grow   as above, creating only the shortfall as a new segment
-//   grow          a new segment of the whole chunks n units need (the rest
-//                 of its last chunk stays free)
+//                 (placed after the newest segment: a free tail at the
+//                 growth edge and the shortfall need no stitched mapping)
+//   grow          a new segment of the whole chunks n units need, and at
+//                 least 1/16 of what the lake holds where the capacity left
+//                 allows (the rest stays free)
+// New segments lie back to back in one growing virtual reservation
+// (docs/design.md, "Growth").
 //   reclaim       wait for pending events, retry failed releases, drop
 //                 cached stitched ranges, release free segments, retry
 //                 (also after changes other threads made meanwhile); then
@@ -72,8 +77,8 @@ struct LakeOptions {
   std::size_t stitch_cache = 64;
   // A segment made to grow the lake holds at least this many bytes (whole
   // granules, cut to the capacity left, never below the request's need);
-  // 0 (the default): exactly the request's chunks. Measured in
-  // docs/benchmarks.md ("Growth step"): fewer driver calls, lower U.
+  // 0 (the default): the request's chunks, and at least 1/16 of what the
+  // lake holds. Measured in docs/benchmarks.md ("Growth step").
   std::size_t grow_min = 0;
   // Keep an in-memory trace of allocate/free events.
   bool record_trace = false;

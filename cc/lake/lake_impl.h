@@ -45,6 +45,10 @@ struct Lake::Impl {
   SegmentTable segs;
   FreeIndex free_index{NodeAlloc<FreeKey>(&nodes)};  // by (units, seg, start)
   std::unordered_map<std::uint64_t, Stitched> stitched;
+  // Growth ranges by base address; new segments go into `current_range`
+  // (0: none yet), back to back (docs/design.md, "Growth").
+  std::map<std::uintptr_t, GrowthRange> ranges;
+  std::uintptr_t current_range = 0;
   std::list<std::uint64_t> lru;  // cached stitched ids, most recent first
   std::unordered_map<std::uint64_t, Slab> slabs;
   std::map<std::uintptr_t, std::uint64_t> slab_by_base;
@@ -160,6 +164,21 @@ struct Lake::Impl {
   void OnAllocated(std::uintptr_t addr, const Alloc& a, AllocState state);
   Status CreateSegment(std::unique_lock<std::mutex>& lk, std::uint64_t n,
                        std::uint64_t* seg_out);
+  // Bytes of a new growth range for a segment of `bytes`.
+  std::size_t RangeBytes(std::size_t bytes) const {
+    return std::max(bytes, max_request);
+  }
+  // A segment leaves its growth range (once it is unmapped); when it was
+  // the range's last, the range is gone and *va / *va_bytes (else 0) name
+  // the reservation to free.
+  void LeaveRange(const Segment& seg, std::uintptr_t* va,
+                  std::size_t* va_bytes);
+  // True when the pieces lie back to back at their primary addresses in
+  // one growth range (a stitched range over them needs no mapping).
+  bool BackToBack(const std::vector<Piece>& pieces) const;
+  // A new segment holds at least 1/kGrowAhead of the memory held, where
+  // the capacity left allows (docs/design.md, "Growth").
+  static constexpr std::uint64_t kGrowAhead = 16;
   bool ClaimCapacity(std::uint64_t n);
   // Physical bytes held or claimed (what the capacity is checked against).
   std::size_t HeldBytes() const;

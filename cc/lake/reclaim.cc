@@ -127,8 +127,20 @@ std::size_t Lake::Impl::ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
   }
   std::vector<std::unique_ptr<Segment>> doomed;
   for (std::uint64_t id : ids) doomed.push_back(segs.remove(id));
-  if (doomed.empty()) return 0;
-  std::vector<Unreleased> undo(doomed.size());
+  // A growth range left with no segment (a failed growth emptied it) is
+  // freed too.
+  std::vector<std::pair<std::uintptr_t, std::size_t>> empty;
+  for (auto it = ranges.begin(); it != ranges.end();) {
+    if (it->second.segments != 0) {
+      ++it;
+      continue;
+    }
+    empty.emplace_back(it->first, it->second.bytes);
+    if (current_range == it->first) current_range = 0;
+    it = ranges.erase(it);
+  }
+  if (doomed.empty() && empty.empty()) return 0;
+  std::vector<Unreleased> undo(doomed.size() + empty.size());
   for (std::size_t i = 0; i < doomed.size(); ++i) {
     const Segment& seg = *doomed[i];
     const std::size_t bytes = std::size_t{seg.nchunks} * gran;
@@ -137,9 +149,11 @@ std::size_t Lake::Impl::ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
     ++st.segments_released;
     undo[i].maps.emplace_back(seg.va, bytes);
     undo[i].handle = seg.handle;
-    undo[i].va = seg.va;
-    undo[i].va_bytes = bytes;
     undo[i].phys = bytes;
+  }
+  for (std::size_t i = 0; i < empty.size(); ++i) {
+    undo[doomed.size() + i].va = empty[i].first;
+    undo[doomed.size() + i].va_bytes = empty[i].second;
   }
   // Whatever fails below stays counted (bytes_unreleased) until a retry
   // succeeds; only what the driver gave back is reported released. Until
@@ -148,9 +162,9 @@ std::size_t Lake::Impl::ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
   for (const Unreleased& u : undo) releasing += u.phys;
   releasing_bytes += releasing;
   lk.unlock();
-  std::vector<Status> result(doomed.size());
+  std::vector<Status> result(undo.size());
   const char* what = "";
-  for (std::size_t i = 0; i < doomed.size(); ++i) {
+  for (std::size_t i = 0; i < undo.size(); ++i) {
     const char* w = "";
     result[i] = Teardown(undo[i], &w);
     if (result[i] != Status::kOk && *what == '\0') what = w;
@@ -158,9 +172,27 @@ std::size_t Lake::Impl::ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
   lk.lock();
   releasing_bytes -= releasing;
   ++changes;
+  // A segment leaves its growth range only now, after its unmap: another
+  // thread may be unmapping a segment of the same range meanwhile, and the
+  // range's reservation is freed only when the last of them is done (in a
+  // second round, with the lock released again). When the last one's unmap
+  // failed, its kept remains free the reservation after unmapping.
+  std::vector<Unreleased> ranges_undo;
+  for (std::size_t i = 0; i < doomed.size(); ++i) {
+    if (doomed[i]->range == 0) continue;
+    Unreleased u;
+    LeaveRange(*doomed[i], &u.va, &u.va_bytes);
+    if (u.va == 0) continue;
+    if (undo[i].maps.empty()) {
+      ranges_undo.push_back(std::move(u));
+    } else {
+      undo[i].va = u.va;
+      undo[i].va_bytes = u.va_bytes;
+    }
+  }
   std::size_t released = 0;
   Status first = Status::kOk;
-  for (std::size_t i = 0; i < doomed.size(); ++i) {
+  for (std::size_t i = 0; i < undo.size(); ++i) {
     if (result[i] == Status::kOk) {
       released += undo[i].phys;
       continue;
@@ -171,6 +203,20 @@ std::size_t Lake::Impl::ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
     Keep(std::move(undo[i]));
   }
   if (first != Status::kOk) Report(first, what, status, error);
+  if (!ranges_undo.empty()) {
+    lk.unlock();
+    std::vector<Status> rs(ranges_undo.size());
+    const char* rwhat = "";
+    for (std::size_t i = 0; i < ranges_undo.size(); ++i)
+      rs[i] = Teardown(ranges_undo[i], &rwhat);
+    lk.lock();
+    for (std::size_t i = 0; i < ranges_undo.size(); ++i) {
+      if (rs[i] == Status::kOk) continue;
+      ++st.driver_errors;
+      Report(rs[i], rwhat, status, error);
+      Keep(std::move(ranges_undo[i]));
+    }
+  }
   return released;
 }
 

@@ -19,6 +19,15 @@ Status Lake::Impl::DropStitched(std::unique_lock<std::mutex>& lk,
     lru.erase(r.lru);
     r.cached = false;
   }
+  if (r.alias) {  // nothing of its own is mapped: no driver call
+    StitchRefs(r, -1);
+    st.stitched_bytes.add(-static_cast<std::int64_t>(std::size_t{r.nunits} *
+                                                      unit));
+    ++st.stitch_evictions;
+    stitched.erase(id);
+    ++changes;
+    return Status::kOk;
+  }
   r.dropping = true;
   Unreleased undo;
   undo.va = r.va;
@@ -243,6 +252,17 @@ Status Lake::Impl::TryStitch(std::unique_lock<std::mutex>& lk, std::uint64_t n,
   std::uint64_t lead = 0;
   const std::uint64_t got = PlanStitch(n, s, &plan, &lead);
   if (plan.empty()) return Status::kOutOfMemory;
+  // Whole free chunks that lie back to back in a growth range, taken in
+  // address order, need no mapping of their own (see BackToBack).
+  if (lead == 0 && plan.size() > 1) {
+    std::vector<Piece> sorted = plan;
+    std::sort(sorted.begin(), sorted.end(),
+              [&](const Piece& a, const Piece& b) {
+                return segs.at(a.seg).va + std::size_t{a.start} * unit <
+                       segs.at(b.seg).va + std::size_t{b.start} * unit;
+              });
+    if (BackToBack(sorted)) plan = std::move(sorted);
+  }
   const std::uint64_t shortfall = got < n ? ChunkUp(n - got) / cu : 0;
   if (shortfall > 0 && (!opt.stitch_grow || !ClaimCapacity(shortfall)))
     return Status::kOutOfMemory;
@@ -278,11 +298,25 @@ Status Lake::Impl::TryStitch(std::unique_lock<std::mutex>& lk, std::uint64_t n,
     segs.at(seg_id).stitch_refs += 1;
     grew = true;
   }
-  Status ms = MapStitched(lk, id);
-  if (ms != Status::kOk) {
-    ++st.driver_errors;
-    AbandonStitched(id, tags);
-    return ms;
+  Stitched& rb = stitched.at(id);
+  if (BackToBack(rb.pieces)) {
+    // The pieces are contiguous where they are already mapped (a growth
+    // placed the shortfall right after a free tail, or free chunks of
+    // neighbouring segments): the range is an alias of that address.
+    const Piece& p0 = rb.pieces.front();
+    rb.va = segs.at(p0.seg).va + std::size_t{p0.start} * unit;
+    rb.alias = true;
+    rb.mapping = false;
+    const std::size_t bytes = std::size_t{rb.nunits} * unit;
+    st.stitched_bytes.add(static_cast<std::int64_t>(bytes));
+    st.stitched_bytes_total += bytes;
+  } else {
+    Status ms = MapStitched(lk, id);
+    if (ms != Status::kOk) {
+      ++st.driver_errors;
+      AbandonStitched(id, tags);
+      return ms;
+    }
   }
   Stitched& r = stitched.at(id);
   *addr = StitchedAddress(r);

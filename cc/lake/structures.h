@@ -180,6 +180,9 @@ struct Segment {
   std::uintptr_t va = 0;
   std::uint64_t nchunks = 0;
   std::uint64_t stitch_refs = 0;  // stitched ranges mapping its chunks
+  // The growth range its VA lies in (the range's base address): segments
+  // are placed back to back in it and do not own their VA.
+  std::uintptr_t range = 0;
   BlockMap blocks;  // start unit -> block
 };
 
@@ -300,6 +303,10 @@ struct Stitched {
   bool mapping = false;           // claimed, being mapped right now
   bool dropping = false;          // being unmapped right now
   bool cached = false;            // in the LRU cache
+  // Its pieces lie back to back at their segments' own addresses in one
+  // growth range: va is the first piece's primary address and nothing is
+  // reserved or mapped for it.
+  bool alias = false;
   Tag tag;                        // last free
   std::list<std::uint64_t>::iterator lru;
 };
@@ -441,6 +448,15 @@ struct StreamState {
   // (for newer frees) before the waiter retakes the lock.
   std::uint64_t records = 0;
   bool pending = false;
+};
+
+// One virtual reservation that new segments are placed in back to back
+// (Lake::Impl::ranges), so that a segment made to grow the lake starts
+// where the previous one ends. Its VA is freed with its last segment.
+struct GrowthRange {
+  std::size_t bytes = 0;      // reserved
+  std::size_t next = 0;       // offset of the next segment's VA
+  std::uint64_t segments = 0; // segments placed in it, live or being made
 };
 
 // Driver resources the lake has given up but the driver failed to release

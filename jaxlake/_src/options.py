@@ -147,7 +147,8 @@ OPTIONS: Tuple[Option, ...] = (
            "Freed stitched ranges kept mapped for reuse."),
     Option("grow_min", "size", 0,
            "Least bytes of a segment made to grow the lake (cut to the "
-           "capacity left); 0: the request's chunks only."),
+           "capacity left); 0: the request's chunks, and at least 1/16 of "
+           "what the lake holds."),
     Option("record_trace", "bool", False,
            "Keep an in-memory trace of allocate/free events (Lake.trace())."),
 )

@@ -591,8 +591,11 @@ TEST(tail_led_stitch_shares_its_chunks_while_mapping) {
   Lake lake(drv, LakeOptions{});
   const std::size_t n = 2 * kMiB + kMiB / 4;
   auto a = Alloc(lake, n);  // map 1: a segment of 2 chunks, 1.75 MiB free
+  // map 2: a segment between a's and the shortfall's, so that the stitch
+  // is not back to back (which would map nothing).
+  auto x = Alloc(lake, 2 * kMiB);
   std::uintptr_t c = 0;
-  drv.hook_at = 3;  // 2: the shortfall segment; 3: the lead chunk
+  drv.hook_at = 4;  // 3: the shortfall segment; 4: the lead chunk
   drv.on_map = [&] {
     CHECK_EQ(lake.check(), std::string());
     AllocState how{};
@@ -608,12 +611,225 @@ TEST(tail_led_stitch_shares_its_chunks_while_mapping) {
   CHECK(drv.accessible(b, n));
   CHECK(drv.accessible(c, kMiB));
   CHECK_EQ(lake.stats().bytes_reserved.current,
-           static_cast<std::int64_t>(6 * kMiB));
+           static_cast<std::int64_t>(8 * kMiB));
   CHECK_EQ(lake.check(), std::string());
   // a's units are free again and fit a new request beside b's lead.
   auto d = Alloc(lake, 2 * kMiB, &how);
   CHECK(how == AllocState::fit || how == AllocState::split);
-  for (auto p : {b, c, d}) CHECK(lake.free(p, 0) == Status::kOk);
+  for (auto p : {b, c, d, x}) CHECK(lake.free(p, 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+// Growth places segments back to back in one reservation: one reserve for
+// several growths, each segment starting where the previous one ends.
+TEST(growth_segments_are_back_to_back_in_one_reservation) {
+  jaxlake::vmm::SimDriver drv(Small());
+  {
+    Lake lake(drv, LakeOptions{});
+    auto a = Alloc(lake, 2 * kMiB);
+    auto b = Alloc(lake, 4 * kMiB);
+    auto c = Alloc(lake, 2 * kMiB);
+    CHECK_EQ(b, a + 2 * kMiB);
+    CHECK_EQ(c, b + 4 * kMiB);
+    CHECK_EQ(drv.calls()[static_cast<int>(Call::reserve)], 1u);
+    CHECK_EQ(drv.calls()[static_cast<int>(Call::create)], 3u);
+    // Released segments leave the reservation until its last one goes.
+    CHECK(lake.free(b, 0) == Status::kOk);
+    CHECK_EQ(lake.empty_cache(), 4 * kMiB);
+    CHECK(drv.reserved_bytes() > 0u);
+    CHECK(lake.free(a, 0) == Status::kOk);
+    CHECK(lake.free(c, 0) == Status::kOk);
+    CHECK_EQ(lake.empty_cache(), 4 * kMiB);
+    CHECK_EQ(drv.reserved_bytes(), 0u);
+    CHECK_EQ(lake.check(), std::string());
+    // A growth after that reserves a new range.
+    auto d = Alloc(lake, 2 * kMiB);
+    CHECK_EQ(drv.calls()[static_cast<int>(Call::reserve)], 2u);
+    CHECK(lake.free(d, 0) == Status::kOk);
+  }
+  CHECK_EQ(drv.reserved_bytes(), 0u);
+  CHECK_EQ(drv.live_handles(), 0u);
+}
+
+// A stitch whose shortfall segment lands right after the free tail it
+// takes is an alias of those primary addresses: no reserve or map of its
+// own, and the bytes written through it are the segments' bytes.
+TEST(back_to_back_stitch_maps_nothing) {
+  jaxlake::vmm::HostDriver drv(Small());
+  Lake lake(drv, LakeOptions{});
+  auto a = Alloc(lake, 2 * kMiB);  // segment 1: 1 chunk
+  auto t = Alloc(lake, 4 * kMiB);  // segment 2: 2 chunks, at the edge
+  CHECK(lake.free(t, 0) == Status::kOk);
+  const auto maps0 = drv.calls()[static_cast<int>(Call::map)];
+  const auto reserves0 = drv.calls()[static_cast<int>(Call::reserve)];
+  AllocState how{};
+  auto b = Alloc(lake, 6 * kMiB, &how);  // 4 MiB free tail + 2 MiB new
+  CHECK(how == AllocState::stitch_grow);
+  CHECK_EQ(b, t);
+  CHECK_EQ(drv.calls()[static_cast<int>(Call::map)], maps0 + 1);  // new seg
+  CHECK_EQ(drv.calls()[static_cast<int>(Call::reserve)], reserves0);
+  Fill(b, 6 * kMiB, 0x5A);
+  CHECK(Holds(b, 6 * kMiB, 0x5A));
+  CHECK_EQ(lake.check(), std::string());
+  CHECK(lake.free(b, 0) == Status::kOk);
+  // Cached, then reused without a driver call; dropping it unmaps nothing.
+  const auto calls0 = drv.calls();
+  auto b2 = Alloc(lake, 6 * kMiB, &how);
+  CHECK(how == AllocState::stitch_reuse);
+  CHECK_EQ(b2, b);
+  CHECK(drv.calls() == calls0);
+  CHECK(lake.free(b2, 0) == Status::kOk);
+  CHECK(lake.free(a, 0) == Status::kOk);
+  CHECK_EQ(lake.empty_cache(), 8 * kMiB);
+  CHECK_EQ(drv.calls()[static_cast<int>(Call::unmap)],
+           calls0[static_cast<int>(Call::unmap)] + 3);  // the 3 segments
+  CHECK_EQ(drv.reserved_bytes(), 0u);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+// A growth while another growth has the lock released (inside its map):
+// each claimed its own stretch of the range before unlocking, so they lie
+// back to back in claim order and nothing overlaps.
+TEST(growths_with_the_lock_released_get_adjacent_stretches) {
+  MapHookDriver drv(Small());
+  Lake lake(drv, LakeOptions{});
+  auto a = Alloc(lake, 2 * kMiB);  // map 1
+  std::uintptr_t c = 0;
+  drv.hook_at = 2;  // b's segment, mapped with the lock released
+  drv.on_map = [&] {
+    CHECK_EQ(lake.check(), std::string());
+    AllocState how{};
+    CHECK(lake.allocate(4 * kMiB, 0, &c, &how) == Status::kOk);
+    CHECK(how == AllocState::grow);
+    CHECK_EQ(lake.check(), std::string());
+  };
+  auto b = Alloc(lake, 2 * kMiB);
+  CHECK_EQ(b, a + 2 * kMiB);
+  CHECK_EQ(c, b + 2 * kMiB);
+  CHECK(drv.accessible(b, 2 * kMiB));
+  CHECK(drv.accessible(c, 4 * kMiB));
+  CHECK_EQ(drv.calls()[static_cast<int>(Call::reserve)], 1u);
+  CHECK_EQ(lake.check(), std::string());
+  for (auto p : {a, b, c}) CHECK(lake.free(p, 0) == Status::kOk);
+  lake.empty_cache();
+  CHECK_EQ(drv.reserved_bytes(), 0u);
+}
+
+// A sim driver that runs a callback inside its nth reserve call.
+class ReserveHookDriver : public jaxlake::vmm::SimDriver {
+ public:
+  using SimDriver::SimDriver;
+  int hook_at = 0;
+  std::function<void()> on_reserve;
+
+ protected:
+  Status do_reserve(std::size_t size, std::uintptr_t* va) override {
+    if (++reserves_ == hook_at && on_reserve) {
+      auto f = std::move(on_reserve);
+      f();
+    }
+    return SimDriver::do_reserve(size, va);
+  }
+
+ private:
+  int reserves_ = 0;
+};
+
+// Two growths that both find no growth range reserve one each (lock
+// released); both ranges are kept, the later growths use one of them, and
+// each is freed with its last segment.
+TEST(growth_ranges_reserved_with_the_lock_released) {
+  ReserveHookDriver drv(Small());
+  LakeOptions o = Capped(32 * kMiB);
+  Lake lake(drv, o);
+  std::uintptr_t c = 0;
+  drv.hook_at = 1;
+  drv.on_reserve = [&] {
+    CHECK_EQ(lake.check(), std::string());
+    CHECK(lake.allocate(2 * kMiB, 0, &c) == Status::kOk);
+    CHECK_EQ(lake.check(), std::string());
+  };
+  auto a = Alloc(lake, 2 * kMiB);
+  CHECK(c != 0);
+  CHECK_EQ(drv.calls()[static_cast<int>(Call::reserve)], 2u);
+  CHECK_EQ(lake.check(), std::string());
+  auto d = Alloc(lake, 2 * kMiB);  // into the current range, no reserve
+  CHECK_EQ(drv.calls()[static_cast<int>(Call::reserve)], 2u);
+  CHECK(d == a + 2 * kMiB || d == c + 2 * kMiB);
+  for (auto p : {a, c, d}) CHECK(lake.free(p, 0) == Status::kOk);
+  CHECK_EQ(lake.empty_cache(), 6 * kMiB);
+  CHECK_EQ(drv.reserved_bytes(), 0u);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+// A failed create gives its stretch back; the emptied range is freed by
+// the next empty_cache().
+TEST(failed_growth_gives_its_stretch_back) {
+  jaxlake::vmm::SimDriver sim(Small());
+  jaxlake::vmm::FaultyDriver drv(sim);
+  Lake lake(drv, LakeOptions{});
+  auto a = Alloc(lake, 2 * kMiB);
+  CHECK(lake.free(a, 0) == Status::kOk);
+  CHECK_EQ(lake.empty_cache(), 2 * kMiB);
+  CHECK_EQ(sim.reserved_bytes(), 0u);
+  auto b = Alloc(lake, 2 * kMiB);
+  drv.fail(Call::create);
+  std::uintptr_t p = 0;
+  CHECK(lake.allocate(4 * kMiB, 0, &p) != Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+  auto c = Alloc(lake, 4 * kMiB);
+  CHECK_EQ(c, b + 2 * kMiB);  // the failed growth's stretch, taken again
+  CHECK(lake.free(b, 0) == Status::kOk);
+  CHECK(lake.free(c, 0) == Status::kOk);
+  CHECK_EQ(lake.empty_cache(), 6 * kMiB);
+  CHECK_EQ(sim.reserved_bytes(), 0u);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+// A sim driver that runs a callback inside its nth unmap call.
+class UnmapHookDriver : public jaxlake::vmm::SimDriver {
+ public:
+  using SimDriver::SimDriver;
+  int hook_at = 0;
+  std::function<void()> on_unmap;
+
+ protected:
+  Status do_unmap(std::uintptr_t va, std::size_t size) override {
+    if (++unmaps_ == hook_at && on_unmap) {
+      auto f = std::move(on_unmap);
+      f();
+    }
+    return SimDriver::do_unmap(va, size);
+  }
+
+ private:
+  int unmaps_ = 0;
+};
+
+// Two releases of segments of one growth range, the second made while the
+// first is unmapping (lock released): the range's reservation is freed
+// only after both unmaps, by whichever finishes last.
+TEST(range_freed_after_its_last_segment_is_unmapped) {
+  UnmapHookDriver drv(Small());
+  Lake lake(drv, LakeOptions{});
+  auto x = Alloc(lake, 2 * kMiB);
+  auto y = Alloc(lake, 2 * kMiB);
+  CHECK_EQ(y, x + 2 * kMiB);
+  CHECK(lake.free(x, 0) == Status::kOk);
+  Status inner = Status::kDriverError;
+  drv.hook_at = 1;  // x's unmap
+  drv.on_unmap = [&] {
+    CHECK(lake.free(y, 0) == Status::kOk);
+    CHECK_EQ(lake.empty_cache(&inner), 2 * kMiB);
+    CHECK_EQ(lake.check(), std::string());
+    CHECK(drv.reserved_bytes() > 0u);  // x is still mapped in it
+  };
+  Status s = Status::kDriverError;
+  CHECK_EQ(lake.empty_cache(&s), 2 * kMiB);
+  CHECK(s == Status::kOk);
+  CHECK(inner == Status::kOk);
+  CHECK_EQ(drv.reserved_bytes(), 0u);
+  CHECK_EQ(drv.physical_bytes(), 0u);
   CHECK_EQ(lake.check(), std::string());
 }
 
