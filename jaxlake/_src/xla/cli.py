@@ -283,9 +283,13 @@ def _doctor(args: argparse.Namespace) -> int:
     if args.fake_gpu is not None:
         # The doctor itself, run as `jaxlake run --fake-gpu` runs a program.
         import subprocess
-        command = [sys.executable, "-m", "jaxlake", "run",
-                   f"--fake-gpu={args.fake_gpu}", "--", sys.executable, "-m",
-                   "jaxlake", "doctor"] + (["--no-jax"] if args.no_jax else [])
+        # The launcher that ran this command (`python -m jaxlake` would
+        # import a jaxlake source folder in the current directory first).
+        me = [sys.argv[0]] if os.path.isfile(sys.argv[0]) and \
+            os.access(sys.argv[0], os.X_OK) else [sys.executable, "-m",
+                                                  "jaxlake"]
+        command = me + ["run", f"--fake-gpu={args.fake_gpu}", "--", *me,
+                        "doctor"] + (["--no-jax"] if args.no_jax else [])
         sys.stdout.flush()
         return subprocess.call(command)
     return doctor(sys.stdout, start_jax=not args.no_jax)
