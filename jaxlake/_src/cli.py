@@ -46,7 +46,7 @@ def format_options() -> str:
 
 #: Options whose value may start with "-" (a negative size is still a
 #: value, to be refused with a message, not an unknown option to argparse).
-VALUE_OPTIONS = ("--capacity",)
+VALUE_OPTIONS = ("--capacity", "--gpu")
 
 
 def attach_values(argv: Sequence[str],

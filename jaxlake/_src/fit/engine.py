@@ -72,9 +72,19 @@ def fake_gpu_memory(gpu: Gpu) -> int:
     return max(4 * gpu.memory, 256 << 30)
 
 
+def jaxlake_command() -> List[str]:
+    """How to start this jaxlake's command: the `jaxlake` script beside
+    this interpreter (it imports the installed package wherever it runs),
+    else `python -m jaxlake`."""
+    script = os.path.join(os.path.dirname(sys.executable), "jaxlake")
+    if os.access(script, os.X_OK):
+        return [script]
+    return [sys.executable, "-m", "jaxlake"]
+
+
 def fake_gpu_command(argv: Sequence[str], trace: str, gpu: Gpu) -> List[str]:
     """The command line of one fake-GPU recording."""
-    return [sys.executable, "-m", "jaxlake", "run",
+    return [*jaxlake_command(), "run",
             f"--fake-gpu={gpu.fake_model}",
             f"--fake-gpu-memory={fake_gpu_memory(gpu)}",
             "--trace", trace, "--", *argv]
