@@ -12,19 +12,23 @@ lm="$py $here/examples/train_lm.py"
 lora="$py $here/examples/finetune_lora.py"
 common="--steps 2 --compile-only --no-progress"
 mkdir -p "$out"
-row() {  # name vary command...
+rows=${ROWS:-}   # e.g. ROWS="1b-full 3b-full": only those rows
+row() {  # name "NAME=LO..HI [--step S]" command...
   local name=$1 vary=$2; shift 2
+  if [ -n "$rows" ] && [[ " $rows " != *" $name "* ]]; then return; fi
   for gpu in h100 h200; do
     echo "== $name on $gpu" >&2
-    $py -m jaxlake fit --gpu "$gpu" --vary "$vary" --engine recorder \
-      --traces "$out/traces/$name" --json "$out/$name-$gpu.json" -- "$@" \
+    $py -m jaxlake fit --gpu "$gpu" --vary $vary --engine recorder \
+      --traces "$out/traces" --json "$out/$name-$gpu.json" -- "$@" \
       > "$out/$name-$gpu.txt"
   done
 }
 row small-none batch=256..65536 $lm --preset small --batch {batch} $common
 row 1b-none batch=1..128 $lm --preset 1b --dtype bfloat16 --batch {batch} $common
-row 1b-full batch=1..128 $lm --preset 1b --dtype bfloat16 --remat full --batch {batch} $common
+row 1b-full batch=1..1024 $lm --preset 1b --dtype bfloat16 --remat full --batch {batch} $common
+# the same at every batch size, where the powers of two are too coarse
+row 1b-none-linear "batch=1..16 --step linear" $lm --preset 1b --dtype bfloat16 --batch {batch} $common
 row 1b-dots batch=1..128 $lm --preset 1b --dtype bfloat16 --remat dots-saveable --batch {batch} $common
-row 1b-buckets-eval batch=1..128 $lm --preset 1b --dtype bfloat16 --remat full --seq-buckets 512,1024 --eval-every 1 --batch {batch} $common
+row 1b-buckets-eval batch=1..1024 $lm --preset 1b --dtype bfloat16 --remat full --seq-buckets 512,1024 --eval-every 1 --batch {batch} $common
 row 1b-lora batch=1..128 $lora --preset 1b --dtype bfloat16 --batch {batch} $common
 row 3b-full batch=1..128 $lm --preset 3b --dtype bfloat16 --remat full --batch {batch} $common
