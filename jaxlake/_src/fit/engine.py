@@ -16,7 +16,7 @@ import subprocess
 import sys
 import threading
 import time
-from typing import Any, Dict, List, Optional, Sequence, TextIO
+from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from jaxlake._src.fit.search import FitError
 from jaxlake._src.options import format_size, parse_size
@@ -26,7 +26,7 @@ TRACE_PLACEHOLDER = "{TRACE}"
 
 #: Named GPUs: (fake GPU model, device memory in bytes). Nominal sizes,
 #: those the fake GPU gives its devices; --gpu SIZE gives an exact one.
-GPUS: Dict[str, tuple] = {
+GPUS: Dict[str, Tuple[str, int]] = {
     "h100": ("h100", 80 << 30),
     "h200": ("h200", 141 << 30),
     "a100-80gb": ("h100", 80 << 30),

@@ -188,6 +188,10 @@ class FitReport:
         return self._probes[policy][value]
 
 
+def _prober(fitter: Fitter, policy: str) -> Callable[[int], Probe]:
+    return lambda value: fitter.probe(policy, value)
+
+
 def fit(argv: Sequence[str], vary: Vary, values: Sequence[int],
         gpu: _engine.Gpu, policies: Sequence[str], engine: str = "fake-gpu",
         fraction: Optional[float] = None, lake_capacity: Any = None,
@@ -225,8 +229,8 @@ def fit(argv: Sequence[str], vary: Vary, values: Sequence[int],
     taken = reserve + (outside or 0)
     cap = capacities(gpu.memory, names, fraction, lake_capacity, taken)
     fitter.capacity = cap
-    fits = [search_policy(values, lambda v, n=name: fitter.probe(n, v),
-                          name, cap[name]) for name in names]
+    fits = [search_policy(values, _prober(fitter, name), name, cap[name])
+            for name in names]
     infos = [fitter.info[v] for v in sorted(fitter.info)]
     outs = [i.outside_pool for i in infos if i.outside_pool is not None]
     report = FitReport(

@@ -100,13 +100,13 @@ def grid(vary: Vary, step: str = "pow2", increment: int = 1) -> List[int]:
     HI, with LO and HI themselves when they are not powers of two;
     linear: LO, LO+increment, ... and HI."""
     if step == "pow2":
-        values = {vary.lo, vary.hi}
+        found = {vary.lo, vary.hi}
         p = 1
         while p <= vary.hi:
             if p >= vary.lo:
-                values.add(p)
+                found.add(p)
             p *= 2
-        return sorted(values)
+        return sorted(found)
     if step != "linear" or increment < 1:
         raise FitError(f"unknown step {step!r} (increment {increment})")
     values = list(range(vary.lo, vary.hi + 1, increment))
