@@ -482,7 +482,36 @@ def step_capacity(out: pathlib.Path, budget: Budget, preset: str, cap: int,
         return ok
     result = {"cap_bytes": cap, "largest_batch_lake": largest(True),
               "largest_batch_cuda_async": largest(False)}
+    result.update(_fit_prediction(out, budget, preset, cap, start))
+    real = result["largest_batch_lake"]
+    predicted = result.get("predicted_largest_batch_lake")
+    if real and predicted:
+        # fit's grid is the powers of two; the real search bisects further
+        result["predicted_over_real_lake"] = round(predicted / real, 3)
     return result, []
+
+
+def _fit_prediction(out: pathlib.Path, budget: Budget, preset: str,
+                    cap: int, start: int) -> Dict[str, Any]:
+    """`jaxlake fit`'s prediction of the same search, with no GPU use: the
+    recorder engine, a device of `cap` bytes wholly the pool's."""
+    if budget.left() < 90:
+        return {"prediction": "skipped: out of time"}
+    report = out / "fit.json"
+    cmd = [sys.executable, "-m", "jaxlake", "fit", "--gpu", str(cap),
+           "--fraction", "1", "--vary", f"batch={start}..{1 << 14}",
+           "--engine", "recorder", "--policies", "jaxlake,bfc",
+           "--json", str(report), "--quiet", "--", sys.executable,
+           str(TRAIN), "--preset", preset, "--batch", "{batch}", "--steps",
+           "3", "--compile-only", "--no-progress"]
+    code, seconds, _ = run(cmd, base_env(), out / "fit.log",
+                           budget.timeout(300))
+    if code != 0 or not report.is_file():
+        return {"prediction": f"jaxlake fit failed (exit {code}, fit.log)"}
+    policies = json.loads(report.read_text())["policies"]
+    return {"prediction_seconds": round(seconds, 1),
+            "predicted_largest_batch_lake": policies["jaxlake"]["largest"],
+            "predicted_largest_batch_bfc": policies["bfc"]["largest"]}
 
 
 # -- main -------------------------------------------------------------------------

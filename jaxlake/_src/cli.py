@@ -10,6 +10,7 @@ import textwrap
 from typing import Callable, List, Optional, Sequence
 
 from jaxlake._src.bench import cli as bench_cli
+from jaxlake._src.fit import cli as fit_cli
 from jaxlake._src.view import cli as view_cli
 from jaxlake._src.core import demo
 from jaxlake._src.xla import cli as xla_cli
@@ -45,7 +46,7 @@ def format_options() -> str:
 
 #: Options whose value may start with "-" (a negative size is still a
 #: value, to be refused with a message, not an unknown option to argparse).
-VALUE_OPTIONS = ("--capacity",)
+VALUE_OPTIONS = ("--capacity", "--gpu")
 
 
 def attach_values(argv: Sequence[str],
@@ -83,6 +84,7 @@ def build_parser() -> argparse.ArgumentParser:
     # Each module adds its subcommands with a handler: args -> exit status.
     bench_cli.register(commands)
     view_cli.register(commands)
+    fit_cli.register(commands)
     commands.add_parser(
         "demo", help="show stitching with real bytes on the host backend",
         description="Shows stitching on the host backend, with real memory "

@@ -1,0 +1,34 @@
+#!/usr/bin/env bash
+# The bundled `jaxlake fit` table of docs/benchmarks.md: each row's search on
+# an H100 and an H200 with the recorder engine (traces reused between the
+# two GPUs through --traces). Writes OUT/<row>-<gpu>.json; table.py turns
+# them into the table.
+#   benchmarks/fit/table.sh [OUT]      (default: ./jaxlake-fit)
+set -euo pipefail
+out=${1:-jaxlake-fit}
+here=$(cd "$(dirname "$0")/../.." && pwd)
+py=${PYTHON:-python}
+lm="$py $here/examples/train_lm.py"
+lora="$py $here/examples/finetune_lora.py"
+common="--steps 2 --compile-only --no-progress"
+mkdir -p "$out"
+rows=${ROWS:-}   # e.g. ROWS="1b-full 3b-full": only those rows
+row() {  # name "NAME=LO..HI [--step S]" command...
+  local name=$1 vary=$2; shift 2
+  if [ -n "$rows" ] && [[ " $rows " != *" $name "* ]]; then return; fi
+  for gpu in h100 h200; do
+    echo "== $name on $gpu" >&2
+    $py -m jaxlake fit --gpu "$gpu" --vary $vary --engine recorder \
+      --traces "$out/traces" --json "$out/$name-$gpu.json" -- "$@" \
+      > "$out/$name-$gpu.txt"
+  done
+}
+row small-none batch=256..65536 $lm --preset small --batch {batch} $common
+row 1b-none batch=1..128 $lm --preset 1b --dtype bfloat16 --batch {batch} $common
+row 1b-full batch=1..1024 $lm --preset 1b --dtype bfloat16 --remat full --batch {batch} $common
+# the same at every batch size, where the powers of two are too coarse
+row 1b-none-linear "batch=1..16 --step linear" $lm --preset 1b --dtype bfloat16 --batch {batch} $common
+row 1b-dots batch=1..128 $lm --preset 1b --dtype bfloat16 --remat dots-saveable --batch {batch} $common
+row 1b-buckets-eval batch=1..1024 $lm --preset 1b --dtype bfloat16 --remat full --seq-buckets 512,1024 --eval-every 1 --batch {batch} $common
+row 1b-lora batch=1..128 $lora --preset 1b --dtype bfloat16 --batch {batch} $common
+row 3b-full batch=1..128 $lm --preset 3b --dtype bfloat16 --remat full --batch {batch} $common

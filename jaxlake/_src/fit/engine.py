@@ -1,0 +1,282 @@
+"""Making one value's allocation trace for `jaxlake fit`: the engines.
+
+fake-gpu  runs the unmodified command under `jaxlake run --fake-gpu`, XLA's
+          real GPU client over jaxlake's fake GPU, the shim writing the
+          trace (fake_gpu_command() builds that command line);
+recorder  runs a command that uses jaxlake.Recorder: the trace path goes
+          where the command says {TRACE}, else `--trace PATH` is appended
+          (the examples' flag).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import subprocess
+import sys
+import threading
+import time
+from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
+
+from jaxlake._src.fit.search import FitError
+from jaxlake._src.options import format_size, parse_size
+
+ENGINES = ("fake-gpu", "recorder")
+TRACE_PLACEHOLDER = "{TRACE}"
+
+#: Named GPUs: (fake GPU model, device memory in bytes). Nominal sizes,
+#: those the fake GPU gives its devices; --gpu SIZE gives an exact one.
+GPUS: Dict[str, Tuple[str, int]] = {
+    "h100": ("h100", 80 << 30),
+    "h200": ("h200", 141 << 30),
+    "a100-80gb": ("h100", 80 << 30),
+}
+
+#: Lines of a failed command's output shown in the error.
+TAIL_LINES = 15
+
+
+@dataclasses.dataclass(frozen=True)
+class Gpu:
+    """The GPU a fit is for: a name and its device memory."""
+
+    name: str
+    memory: int
+    fake_model: str = "h100"
+
+    @classmethod
+    def parse(cls, text: str) -> "Gpu":
+        key = text.strip().lower()
+        if key in GPUS:
+            model, memory = GPUS[key]
+            return cls(key, memory, model)
+        try:
+            nbytes = parse_size(key)
+        except ValueError:
+            nbytes = -1
+        if nbytes <= 0:
+            raise FitError(f"--gpu {text!r}: expected one of "
+                           + ", ".join(GPUS) + " or a device size such as "
+                           "'256MiB' or '40GiB'")
+        return cls(format_size(nbytes), nbytes, "h100")
+
+
+class FakeGpuUnavailable(FitError):
+    """`jaxlake run` has no --fake-gpu, or the fake GPU cannot start."""
+
+
+def fake_gpu_memory(gpu: Gpu) -> int:
+    """The fake device's memory while recording: far more than the GPU's,
+    so that the recording never runs out (the fake's memory is sparse host
+    memory, paid for only where written)."""
+    return max(4 * gpu.memory, 256 << 30)
+
+
+def jaxlake_command() -> List[str]:
+    """How to start this jaxlake's command: the `jaxlake` script beside
+    this interpreter (it imports the installed package wherever it runs),
+    else `python -m jaxlake`."""
+    script = os.path.join(os.path.dirname(sys.executable), "jaxlake")
+    if os.access(script, os.X_OK):
+        return [script]
+    return [sys.executable, "-m", "jaxlake"]
+
+
+def fake_gpu_command(argv: Sequence[str], trace: str, gpu: Gpu) -> List[str]:
+    """The command line of one fake-GPU recording."""
+    return [*jaxlake_command(), "run",
+            f"--fake-gpu={gpu.fake_model}",
+            f"--fake-gpu-memory={fake_gpu_memory(gpu)}",
+            "--trace", trace, "--", *argv]
+
+
+def recorder_command(argv: Sequence[str], trace: str) -> List[str]:
+    """The command line of one recorder run: {TRACE} replaced by the trace
+    path, else `--trace PATH` appended."""
+    if any(TRACE_PLACEHOLDER in a for a in argv):
+        return [a.replace(TRACE_PLACEHOLDER, trace) for a in argv]
+    return [*argv, "--trace", trace]
+
+
+def command_for(engine: str, argv: Sequence[str], trace: str,
+                gpu: Gpu) -> List[str]:
+    if engine == "fake-gpu":
+        return fake_gpu_command(argv, trace, gpu)
+    if engine == "recorder":
+        return recorder_command(argv, trace)
+    raise FitError(f"unknown engine {engine!r}: expected "
+                   + " or ".join(ENGINES))
+
+
+_FAKE_MISSING = ("unrecognized arguments: --fake-gpu",
+                 "unrecognized arguments: --fake-gpu-memory")
+
+
+def fake_gpu_problem(output: str) -> Optional[str]:
+    """Why the fake GPU did not run, from `jaxlake run`'s output, or None
+    when the failure was the program's own."""
+    if any(m in output for m in _FAKE_MISSING) or (
+            "--fake-gpu" in output and "unrecognized arguments" in output):
+        return ("the fake GPU is unavailable: this jaxlake's `jaxlake run` "
+                "has no --fake-gpu option")
+    for line in output.splitlines():
+        if line.startswith("jaxlake run: error:") and "fake" in line.lower():
+            return ("the fake GPU is unavailable: "
+                    + line[len("jaxlake run: error:"):].strip())
+    return None
+
+
+def fake_gpu_available() -> Optional[str]:
+    """None when `jaxlake run --fake-gpu` exists in this jaxlake, else why
+    not (tests skip on it)."""
+    from jaxlake._src.cli import build_parser
+    parser = build_parser()
+    for action in parser._actions:  # pylint: disable=protected-access
+        choices = getattr(action, "choices", None)
+        if isinstance(choices, dict) and "run" in choices:
+            run = choices["run"]
+            if any("--fake-gpu" in a.option_strings
+                   for a in run._actions):  # noqa: SLF001
+                return None
+    return "`jaxlake run` has no --fake-gpu option in this jaxlake"
+
+
+class Progress:
+    """Shows a candidate's run with its elapsed time: a line updated every
+    second on a terminal, a start and an end line otherwise."""
+
+    def __init__(self, out: Optional[TextIO], label: str) -> None:
+        self.out = out
+        self.label = label
+        self.start = time.monotonic()
+        self._done = threading.Event()
+        self._thread: Optional[threading.Thread] = None
+        self.tty = bool(out is not None and getattr(out, "isatty",
+                                                    lambda: False)())
+
+    def __enter__(self) -> "Progress":
+        if self.out is None:
+            return self
+        if self.tty:
+            self._thread = threading.Thread(target=self._tick, daemon=True)
+            self._thread.start()
+        else:
+            self.out.write(f"  {self.label} ...\n")
+            self.out.flush()
+        return self
+
+    def _tick(self) -> None:
+        assert self.out is not None
+        while not self._done.wait(1.0):
+            self.out.write(f"\r  {self.label} ... {self.elapsed:.0f}s")
+            self.out.flush()
+
+    @property
+    def elapsed(self) -> float:
+        return time.monotonic() - self.start
+
+    def finish(self, what: str) -> None:
+        self._done.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self.out is None:
+            return
+        prefix = "\r" if self.tty else ""
+        self.out.write(f"{prefix}  {self.label}: {what} "
+                       f"({self.elapsed:.1f}s)\n")
+        self.out.flush()
+
+    def __exit__(self, *exc: object) -> None:
+        if not self._done.is_set():
+            self.finish("interrupted" if exc[0] else "done")
+
+
+def run_command(command: Sequence[str], log: str,
+                env: Optional[Dict[str, str]] = None) -> int:
+    """Runs `command` with its output to the file `log`; its exit status
+    (127 when it cannot start)."""
+    with open(log, "w", encoding="utf-8") as out:
+        try:
+            return subprocess.call(list(command), stdout=out,
+                                   stderr=subprocess.STDOUT, env=env,
+                                   stdin=subprocess.DEVNULL)
+        except OSError as e:
+            out.write(f"cannot run {command[0]!r}: {e}\n")
+            return 127
+
+
+def tail(path: str, lines: int = TAIL_LINES) -> str:
+    try:
+        with open(path, encoding="utf-8", errors="replace") as f:
+            return "".join(f.readlines()[-lines:]).rstrip()
+    except OSError:
+        return ""
+
+
+def record(engine: str, argv: Sequence[str], trace: str, gpu: Gpu,
+           label: str, progress: Optional[TextIO]) -> float:
+    """Runs one candidate's command and leaves its trace at `trace`;
+    returns the seconds it took. FitError (FakeGpuUnavailable for the
+    fake GPU) when the command fails or writes no trace."""
+    command = command_for(engine, argv, trace, gpu)
+    log = trace + ".log"
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    with Progress(progress, label) as p:
+        code = run_command(command, log, env)
+        output = tail(log, 200)
+        if engine == "fake-gpu" and code != 0:
+            problem = fake_gpu_problem(output)
+            if problem is not None:
+                p.finish("fake GPU unavailable")
+                raise FakeGpuUnavailable(
+                    f"{problem}; record with `--engine recorder` (for "
+                    "programs that use jaxlake.Recorder, such as the "
+                    "examples) instead")
+        if code != 0:
+            p.finish(f"failed (exit status {code})")
+            raise FitError(
+                f"{label}: the command failed with exit status {code}: "
+                + " ".join(command) + "\nits last lines (all of it in "
+                f"{log}):\n" + "\n".join(output.splitlines()[-TAIL_LINES:]))
+        if not os.path.isfile(trace) or os.path.getsize(trace) == 0:
+            p.finish("no trace")
+            hint = ("does it use jaxlake.Recorder and take --trace PATH (or "
+                    "{TRACE} in the command)?" if engine == "recorder" else
+                    "did the program allocate on the GPU?")
+            raise FitError(f"{label}: the command wrote no trace at {trace}: "
+                           + hint)
+        p.finish("recorded")
+        return p.elapsed
+
+
+# -- memory outside the pool -------------------------------------------------
+
+#: The hooked entry points whose forwarded calls take device memory
+#: outside XLA's pool (the shim's hook counts).
+OUTSIDE_POOL_CALLS = ("cuMemAlloc_v2", "cuMemAlloc", "cuMemAllocPitch_v2",
+                      "cuMemAllocManaged", "cuMemAllocAsync",
+                      "cuMemAllocFromPoolAsync", "cuMemCreate")
+
+
+def outside_pool(meta: Dict[str, Any]) -> Optional[int]:
+    """Device bytes XLA took outside its pool while recording, from the
+    trace header's meta: "outside_pool_bytes", else the sum of
+    "forwarded_bytes" over the allocating entries of its "hooks" counts.
+    None when the trace says nothing about it (the recorder's)."""
+    value = meta.get("outside_pool_bytes")
+    if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+        return value
+    hooks = meta.get("hooks")
+    if isinstance(hooks, dict):
+        total = 0
+        seen = False
+        for name in OUTSIDE_POOL_CALLS:
+            entry = hooks.get(name)
+            if isinstance(entry, dict) and isinstance(
+                    entry.get("forwarded_bytes"), int):
+                total += int(entry["forwarded_bytes"])
+                seen = True
+        if seen:
+            return total
+    return None

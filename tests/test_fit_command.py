@@ -1,0 +1,336 @@
+"""`jaxlake fit`: the search on synthetic traces, the report and its JSON,
+bad input, and both engines on real programs (the recorder on the tiny LM;
+the fake GPU once `jaxlake run --fake-gpu` exists)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from typing import Dict, List
+
+import pytest
+
+from jaxlake._src.fit import engine, run, search
+from jaxlake._src.fit.search import FitError, Probe, Vary
+from jaxlake._src.trace.tracefile import TraceWriter
+
+MIB = 1 << 20
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+
+
+def _jaxlake(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = dict(os.environ)
+    env["JAX_PLATFORMS"] = "cpu"
+    env.pop("XLA_FLAGS", None)
+    # (not from the source folder, where `-m jaxlake` finds the sources)
+    return subprocess.run([*engine.jaxlake_command(), *args],
+                          capture_output=True, text=True, env=env,
+                          timeout=timeout, cwd=tempfile.gettempdir())
+
+
+# -- the grid and the search -------------------------------------------------
+
+
+def test_grid_pow2_and_linear() -> None:
+    assert search.grid(Vary("b", 1, 128)) == [1, 2, 4, 8, 16, 32, 64, 128]
+    # LO and HI that are not powers of two are candidates too
+    assert search.grid(Vary("b", 3, 20)) == [3, 4, 8, 16, 20]
+    assert search.grid(Vary("b", 5, 9), "linear", 1) == [5, 6, 7, 8, 9]
+    assert search.grid(Vary("b", 2, 11), "linear", 4) == [2, 6, 10, 11]
+
+
+def _probe_upto(limit: int, seen: List[int]):
+    def probe(value: int) -> Probe:
+        seen.append(value)
+        fits = value <= limit
+        return Probe(value, fits, 100, value, value,
+                     None if fits else search.SHORTAGE)
+    return probe
+
+
+@pytest.mark.parametrize("limit", [0, 1, 2, 5, 17, 63, 64, 100])
+def test_search_finds_the_largest_value_that_fits(limit: int) -> None:
+    values = list(range(1, 65))
+    seen: List[int] = []
+    f = search.search_policy(values, _probe_upto(limit, seen), "p", 100)
+    expected = min(limit, 64) if limit >= 1 else None
+    assert f.largest == expected
+    assert f.next_value == (None if limit >= 64 else limit + 1)
+    assert (f.next_failure is None) == (limit >= 64)
+    # exponential then binary: a logarithmic number of probes, no repeats
+    assert len(seen) == len(set(seen)) <= 2 * 7 + 1
+    assert f.probed == seen
+
+
+def test_search_is_exponential_then_binary() -> None:
+    seen: List[int] = []
+    search.search_policy(list(range(100)), _probe_upto(40, seen), "p", 1)
+    # indices 0, 1, 3, 7, 15, 31, 63 (fails), then halving (31, 63)
+    assert seen[:7] == [0, 1, 3, 7, 15, 31, 63]
+    assert seen[7:] == [47, 39, 43, 41, 40]
+
+
+def _fragmenting(folder: Path, calls: List[int]):
+    """n blocks of 4 MiB, every other freed, then one request of half of
+    them: peak live 4n MiB, in holes a policy that cannot stitch misses."""
+    def make(value: int) -> str:
+        calls.append(value)
+        path = folder / f"t{value}.jsonl"
+        with TraceWriter(path, f"frag-{value}") as w:
+            for i in range(value):
+                w.alloc(i, 4 * MIB, kind="activation")
+            for i in range(1, value, 2):
+                w.free(i)
+            w.alloc(10_000, (value // 2) * 4 * MIB, kind="temp")
+        return str(path)
+    return make
+
+
+def test_traces_are_shared_and_failures_classified(tmp_path: Path) -> None:
+    calls: List[int] = []
+    vary = Vary("n", 2, 16)
+    values = search.grid(vary, "linear", 2)
+    report = run.fit(["prog", "--n", "{n}"], vary, values,
+                     engine.Gpu.parse("64MiB"), ["jaxlake", "bfc", "torch"],
+                     make_trace=_fragmenting(tmp_path, calls))
+    # each value's trace made once, whatever the number of policies
+    assert len(calls) == len(set(calls))
+    assert sorted(calls) == sorted(t.value for t in report.traces)
+    assert report.capacity == {"jaxlake": 48 * MIB, "bfc": 48 * MIB,
+                               "torch": 48 * MIB}
+    lake = report.policy("jaxlake")
+    bfc = report.policy("bfc")
+    assert lake is not None and bfc is not None
+    # jaxlake stitches the holes: it stops only where the live bytes
+    # alone (4n MiB) exceed 48 MiB
+    assert lake.largest == 12
+    assert lake.next_failure is not None
+    assert lake.next_failure.reason == search.SHORTAGE
+    assert lake.next_failure.peak_live == 56 * MIB
+    # BFC runs out with the live bytes under the capacity: fragmentation,
+    # naming the request that failed
+    assert bfc.largest is not None and bfc.largest < 12
+    nf = bfc.next_failure
+    assert nf is not None and nf.reason == search.FRAGMENTATION
+    assert nf.peak_live <= 48 * MIB
+    assert nf.request_kind == "temp"
+    assert nf.request_size == (nf.value // 2) * 4 * MIB
+    gains = report.gains()
+    assert gains["bfc"] == pytest.approx(100.0 * (12 - bfc.largest)
+                                         / bfc.largest)
+    text = run.format_report(report)
+    assert "fragmentation: a temp request of" in text
+    assert "shortage: peak live 56 MiB > capacity 48 MiB" in text
+
+
+def test_json_schema(tmp_path: Path) -> None:
+    vary = Vary("n", 2, 16)
+    report = run.fit(["prog", "{n}"], vary, search.grid(vary, "linear", 2),
+                     engine.Gpu.parse("64MiB"), ["jaxlake", "bfc"],
+                     make_trace=_fragmenting(tmp_path, []))
+    data = json.loads(json.dumps(report.to_json()))
+    assert data["format"] == "jaxlake-fit" and data["version"] == 1
+    assert data["gpu"] == {"name": "64 MiB", "memory": 64 * MIB}
+    assert data["vary"]["name"] == "n"
+    assert set(data["policies"]) == {"jaxlake", "bfc"}
+    for name, p in data["policies"].items():
+        assert {"largest", "next_failure", "capacity", "peak_live",
+                "peak_reserved", "utilisation", "headroom"} <= set(p)
+        nf = p["next_failure"]
+        assert nf["reason"] in ("shortage", "fragmentation")
+        if nf["reason"] == "fragmentation":
+            assert {"size", "kind"} <= set(nf["request"])
+        assert p["probes"], name
+    assert data["policies"]["jaxlake"]["largest"] == 12
+    assert data["policies"]["bfc"]["next_failure"]["reason"] == \
+        "fragmentation"
+    assert data["gain_percent"]["bfc"] > 0
+
+
+def test_capacity_rules() -> None:
+    names = ["jaxlake", "bfc"]
+    g = 80 << 30
+    assert run.capacities(g, names) == {"jaxlake": 60 << 30,
+                                        "bfc": 60 << 30}
+    assert run.capacities(g, names, fraction=0.5)["bfc"] == 40 << 30
+    # the lake's own capacity option is jaxlake's (bytes or a fraction)
+    assert run.capacities(g, names, lake_capacity=0.9) == {
+        "jaxlake": 72 << 30, "bfc": 60 << 30}
+    assert run.capacities(g, names, lake_capacity=70 << 30)["jaxlake"] == \
+        70 << 30
+    # memory outside the pool comes off every capacity, in whole granules
+    out = run.capacities(g, names, outside=3 * MIB)
+    assert out["bfc"] == (60 << 30) - 4 * MIB
+
+
+def test_outside_pool_from_the_trace_header() -> None:
+    assert engine.outside_pool({}) is None
+    assert engine.outside_pool({"outside_pool_bytes": 5 * MIB}) == 5 * MIB
+    hooks = {"cuMemAlloc_v2": {"forwarded": 2, "forwarded_bytes": 6 * MIB},
+             "cuMemAllocFromPoolAsync": {"forwarded": 0,
+                                         "forwarded_bytes": 0}}
+    assert engine.outside_pool({"hooks": hooks}) == 6 * MIB
+
+
+def test_fake_gpu_command_line() -> None:
+    gpu = engine.Gpu.parse("h200")
+    cmd = engine.fake_gpu_command(["python", "t.py"], "/tmp/x.jsonl", gpu)
+    assert cmd[:cmd.index("run")] == engine.jaxlake_command()
+    assert "--fake-gpu=h200" in cmd
+    memory = [a for a in cmd if a.startswith("--fake-gpu-memory=")]
+    assert memory and int(memory[0].split("=")[1]) >= 141 << 30
+    assert cmd[-3:] == ["--", "python", "t.py"]
+    assert cmd[cmd.index("--trace") + 1] == "/tmp/x.jsonl"
+    assert engine.recorder_command(["p", "--out={TRACE}"], "/t") == \
+        ["p", "--out=/t"]
+    assert engine.recorder_command(["p"], "/t") == ["p", "--trace", "/t"]
+
+
+def test_fake_gpu_problem_reads_argparse_errors() -> None:
+    text = ("usage: jaxlake run ...\njaxlake run: error: unrecognized "
+            "arguments: --fake-gpu=h100 --fake-gpu-memory=1")
+    assert "fake GPU is unavailable" in (engine.fake_gpu_problem(text) or "")
+    assert engine.fake_gpu_problem("Traceback: the program's own") is None
+
+
+# -- bad input ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("args, words", [
+    (["--gpu", "h100", "--vary", "batch", "--", "p", "{batch}"],
+     "expected NAME=LO..HI"),
+    (["--gpu", "h100", "--vary", "batch=8..2", "--", "p", "{batch}"],
+     "HI (2) is below LO (8)"),
+    (["--gpu", "h100", "--vary", "batch=0..4", "--", "p", "{batch}"],
+     "LO must be at least 1"),
+    (["--gpu", "h100", "--vary", "batch=a..4", "--", "p", "{batch}"],
+     "whole numbers"),
+    (["--gpu", "h100", "--vary", "batch=1..4", "--", "p", "--batch", "8"],
+     "the command has no {batch}"),
+    (["--gpu", "h999", "--vary", "batch=1..4", "--", "p", "{batch}"],
+     "--gpu 'h999': expected one of h100, h200, a100-80gb"),
+    (["--gpu", "-5GiB", "--vary", "batch=1..4", "--", "p", "{batch}"],
+     "--gpu"),
+    (["--gpu", "h100", "--vary", "batch=1..4", "--step", "fast", "--",
+      "p", "{batch}"], "--step 'fast'"),
+    (["--gpu", "h100", "--vary", "batch=1..4", "--policies", "bfcc", "--",
+      "p", "{batch}"], "did you mean 'bfc'"),
+    (["--gpu", "h100", "--vary", "batch=1..4", "--fraction", "1.5", "--",
+      "p", "{batch}"], "--fraction 1.5"),
+    (["--gpu", "h100", "--vary", "batch=1..4"], "give the command after --"),
+])
+def test_bad_input_is_one_clear_line(args: List[str], words: str) -> None:
+    done = _jaxlake("fit", *args, timeout=60)
+    assert done.returncode == 2, done.stderr
+    assert words in done.stderr
+    assert "Traceback" not in done.stderr
+    assert done.stderr.startswith("jaxlake fit: error:") or \
+        "jaxlake fit: error:" in done.stderr
+
+
+def test_failing_command_is_reported(tmp_path: Path) -> None:
+    done = _jaxlake("fit", "--gpu", "64MiB", "--vary", "n=1..2",
+                    "--engine", "recorder", "--traces", str(tmp_path), "--",
+                    sys.executable, "-c", "import sys; print('boom'); "
+                    "sys.exit(3)", "{n}", timeout=60)
+    assert done.returncode == 2
+    assert "n=1: the command failed with exit status 3" in done.stderr
+    assert "boom" in done.stderr and "Traceback" not in done.stderr
+
+
+# -- the engines on real programs --------------------------------------------
+
+
+def _needs_recorder() -> None:
+    for module in ("jax", "flax", "optax", "orbax"):
+        if importlib.util.find_spec(module) is None:
+            pytest.skip(f"{module} is missing: the LM example needs jax, "
+                        "flax, optax and orbax-checkpoint")
+    from jaxlake._src.trace.gpu import plugin_problem
+    problem = plugin_problem()
+    if problem:
+        pytest.skip(f"no device-less CUDA compile here: {problem}")
+
+
+def test_recorder_engine_on_the_tiny_lm(tmp_path: Path) -> None:
+    _needs_recorder()
+    out = tmp_path / "fit.json"
+    done = _jaxlake(
+        "fit", "--gpu", "96MiB", "--vary", "batch=16..64",
+        "--engine", "recorder", "--traces", str(tmp_path / "traces"),
+        "--json", str(out), "--policies", "jaxlake,bfc,xla-vmm", "--",
+        sys.executable, str(EXAMPLES / "train_lm.py"), "--preset", "tiny",
+        "--batch", "{batch}", "--steps", "2", "--compile-only",
+        "--no-progress", timeout=400)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(out.read_text())
+    # three values, each recorded once for the three policies
+    assert [t["value"] for t in data["traces"]] == [16, 32, 64]
+    assert "batch=32: recorded" in done.stderr
+    lake = data["policies"]["jaxlake"]
+    # the tiny LM at batch 64 needs more live bytes than 72 MiB: a shortage
+    assert lake["largest"] == 32
+    assert lake["next_failure"]["reason"] == "shortage"
+    assert lake["next_failure"]["peak_live"] > 72 * MIB
+    assert lake["peak_live"] <= lake["peak_reserved"] <= 72 * MIB
+    for name, p in data["policies"].items():
+        assert p["largest"] is None or p["largest"] <= lake["largest"], name
+    assert "largest batch" in done.stdout
+    # a second search reuses the kept traces: nothing recorded again
+    again = _jaxlake(
+        "fit", "--gpu", "96MiB", "--vary", "batch=16..64",
+        "--engine", "recorder", "--traces", str(tmp_path / "traces"),
+        "--policies", "jaxlake", "--", sys.executable,
+        str(EXAMPLES / "train_lm.py"), "--preset", "tiny", "--batch",
+        "{batch}", "--steps", "2", "--compile-only", "--no-progress",
+        timeout=120)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert "recorded" not in again.stderr and "trace reused" in again.stderr
+
+
+_FAKE_WHY = engine.fake_gpu_available()
+
+SCRIPT = """
+import sys
+import jax, jax.numpy as jnp
+n = int(sys.argv[1])
+x = jnp.ones((n, 1 << 18), jnp.float32)   # n MiB
+y = jax.jit(lambda a: (a * 2).sum(axis=0))(x)
+y.block_until_ready()
+"""
+
+
+@pytest.mark.skipif(_FAKE_WHY is not None,
+                    reason=f"the fake GPU is unavailable: {_FAKE_WHY}")
+def test_fake_gpu_engine_on_a_small_script(tmp_path: Path) -> None:
+    script = tmp_path / "user.py"
+    script.write_text(SCRIPT)
+    out = tmp_path / "fit.json"
+    done = _jaxlake("fit", "--gpu", "256MiB", "--vary", "n=16..512",
+                    "--json", str(out), "--policies", "jaxlake,bfc", "--",
+                    sys.executable, str(script), "{n}", timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["engine"] == "fake-gpu"
+    lake = data["policies"]["jaxlake"]
+    # 192 MiB of capacity: 256 MiB of input cannot fit; 16 MiB must
+    assert lake["largest"] is not None and 16 <= lake["largest"] <= 128
+    assert lake["next_failure"]["reason"] == "shortage"
+    assert lake["next_failure"]["peak_live"] > 192 * MIB
+
+
+@pytest.mark.skipif(_FAKE_WHY is None,
+                    reason="the fake GPU is available here: its engine runs")
+def test_fake_gpu_engine_unavailable_says_so(tmp_path: Path) -> None:
+    done = _jaxlake("fit", "--gpu", "256MiB", "--vary", "n=1..2", "--",
+                    sys.executable, "-c", "pass", "{n}", timeout=60)
+    assert done.returncode == 1
+    assert "the fake GPU is unavailable" in done.stderr
+    assert "--engine recorder" in done.stderr
+    assert "Traceback" not in done.stderr
