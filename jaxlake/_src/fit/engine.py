@@ -222,6 +222,13 @@ def record(engine: str, argv: Sequence[str], trace: str, gpu: Gpu,
     log = trace + ".log"
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
+    if engine == "fake-gpu":
+        # A JAX_PLATFORMS of this shell (cpu, say) would keep the program
+        # off the fake GPU, whose buffers are the point.
+        platforms = env.get("JAX_PLATFORMS", "")
+        if platforms and not any(p.strip() in ("cuda", "gpu")
+                                 for p in platforms.split(",")):
+            env.pop("JAX_PLATFORMS")
     with Progress(progress, label) as p:
         code = run_command(command, log, env)
         output = tail(log, 200)

@@ -171,8 +171,13 @@ def environment(environ: Dict[str, str], model: str, count: int,
     }
     # JAX's own order on a GPU machine (CUDA first, then the CPU), told to
     # programs that look for /dev/nvidia* themselves before starting jax.
-    if not environ.get("JAX_PLATFORMS"):
+    platforms = environ.get("JAX_PLATFORMS", "")
+    if not platforms:
         env["JAX_PLATFORMS"] = "cuda,cpu"
+    elif not any(p.strip() in ("cuda", "gpu") for p in platforms.split(",")):
+        notice_extra = (f"jaxlake run: warning: JAX_PLATFORMS={platforms} "
+                        "keeps the program off the fake GPU\n")
+        env["JAXLAKE_FAKEGPU_NOTE"] = notice_extra
     # The fake implements no CUDA graphs, so XLA's command buffers are off
     # (unless the program's XLA_FLAGS set them); buffers are XLA's all the
     # same (docs/design.md, "The fake GPU").
@@ -187,6 +192,7 @@ def environment(environ: Dict[str, str], model: str, count: int,
     env["LD_LIBRARY_PATH"] = folder + (":" + path if path else "")
     notice = NOTICE.format(count=count, name=MODELS[model][0],
                            memory=_options.format_bytes(nbytes))
+    notice += env.pop("JAXLAKE_FAKEGPU_NOTE", "")
     return env, notice
 
 
