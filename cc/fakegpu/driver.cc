@@ -694,26 +694,38 @@ FAKE cuMemSetAccess(CUdeviceptr ptr, std::size_t size,
 
 // ---- plain allocations ------------------------------------------------------
 
+namespace {
+// `bytes` of device memory on `dev` (cuMemAlloc's, or the driver pool's when
+// `pool`): charged to the device, mapped lazily, and recorded.
+CUresult NewAllocation(int dev, std::size_t bytes, bool pool,
+                       CUdeviceptr* dptr) {
+  if (!fg::Charge(dev, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+  void* p = fg::MapAnonymous(bytes);
+  if (p == nullptr) {
+    fg::Uncharge(dev, bytes);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  const auto v = reinterpret_cast<CUdeviceptr>(p);
+  fg::AddRange({v, bytes, dev, fg::Kind::kDevice});
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.allocs[v] = Driver::Alloc{dev, bytes, pool};
+  if (pool) {
+    d.pool_used[dev] += bytes;
+    d.pool_high[dev] = std::max(d.pool_high[dev], d.pool_used[dev]);
+  }
+  *dptr = v;
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
 FAKE cuMemAlloc_v2(CUdeviceptr* dptr, std::size_t size) {
   ENTER();
   int dev = 0;
   if (CUresult r = NeedContext(&dev); r != CUDA_SUCCESS) return r;
   if (dptr == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
-  const std::size_t rounded = (size + kGranularity - 1) / kGranularity *
-                              kGranularity;
-  if (!fg::Charge(dev, rounded)) return CUDA_ERROR_OUT_OF_MEMORY;
-  void* p = fg::MapAnonymous(rounded);
-  if (p == nullptr) {
-    fg::Uncharge(dev, rounded);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
-  const auto v = reinterpret_cast<CUdeviceptr>(p);
-  fg::AddRange({v, rounded, dev, fg::Kind::kDevice});
-  Driver& d = D();
-  std::lock_guard<std::mutex> lock(d.mu);
-  d.allocs[v] = Driver::Alloc{dev, rounded, false};
-  *dptr = v;
-  return CUDA_SUCCESS;
+  return NewAllocation(dev, (size + kGranularity - 1) / kGranularity *
+                                kGranularity, false, dptr);
 }
 
 FAKE cuMemFree_v2(CUdeviceptr dptr) {
@@ -1170,22 +1182,7 @@ CUresult PoolAlloc(CUdeviceptr* dptr, std::size_t size, CUmemoryPool pool,
   const int dev = DeviceOfPool(pool);
   if (dptr == nullptr || size == 0 || dev < 0) return CUDA_ERROR_INVALID_VALUE;
   if (StreamFor(stream) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  const std::size_t rounded = (size + 511) / 512 * 512;
-  if (!fg::Charge(dev, rounded)) return CUDA_ERROR_OUT_OF_MEMORY;
-  void* p = fg::MapAnonymous(rounded);
-  if (p == nullptr) {
-    fg::Uncharge(dev, rounded);
-    return CUDA_ERROR_OUT_OF_MEMORY;
-  }
-  const auto v = reinterpret_cast<CUdeviceptr>(p);
-  fg::AddRange({v, rounded, dev, fg::Kind::kDevice});
-  Driver& d = D();
-  std::lock_guard<std::mutex> lock(d.mu);
-  d.allocs[v] = Driver::Alloc{dev, rounded, true};
-  d.pool_used[dev] += rounded;
-  d.pool_high[dev] = std::max(d.pool_high[dev], d.pool_used[dev]);
-  *dptr = v;
-  return CUDA_SUCCESS;
+  return NewAllocation(dev, (size + 511) / 512 * 512, true, dptr);
 }
 
 CUresult PoolFree(CUdeviceptr dptr, CUstream stream) {

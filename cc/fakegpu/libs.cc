@@ -379,17 +379,21 @@ ACCEPT(ncclAllToAll)
 
 // ---- the version calls of JAX's start-up check ------------------------------
 
+namespace {
+int CufftVersion() { return Cuda13() ? 12000 : 11400; }
+}  // namespace
+
 LIB int cufftGetVersion(int* v) {
   ENTER();
   if (v == nullptr) return 4;
-  *v = Cuda13() ? 12000 : 11400;
+  *v = CufftVersion();
   return 0;
 }
 
 LIB int cufftGetProperty(int type, int* value) {
   ENTER();
   if (value == nullptr) return 4;
-  const int v = Cuda13() ? 12000 : 11400;
+  const int v = CufftVersion();
   *value = type == 0 ? v / 1000 : type == 1 ? v / 100 % 10 : 0;
   return 0;
 }
