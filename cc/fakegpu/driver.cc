@@ -281,11 +281,7 @@ int Attribute(int attribute, int device) {
 }  // namespace
 
 #define FAKE CUresult __attribute__((visibility("default")))
-#define ENTER()                                         \
-  do {                                                  \
-    int fault_code_ = 0;                                \
-    if (fg::Enter(__func__, &fault_code_)) return fault_code_; \
-  } while (0)
+#define ENTER() JAXLAKE_FAKEGPU_ENTER()
 
 extern "C" {
 

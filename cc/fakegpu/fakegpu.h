@@ -28,6 +28,14 @@
 #define JAXLAKE_FAKEGPU_EXPORT \
   extern "C" __attribute__((visibility("default")))
 
+// The first statement of an implemented entry point: counts the call and,
+// when fault injection fails it, returns the injected error.
+#define JAXLAKE_FAKEGPU_ENTER()                                              \
+  do {                                                                       \
+    int fault_code_ = 0;                                                     \
+    if (::jaxlake::fakegpu::Enter(__func__, &fault_code_)) return fault_code_; \
+  } while (0)
+
 namespace jaxlake::fakegpu {
 
 // What the options (environment variables, read once) choose.

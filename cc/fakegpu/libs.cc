@@ -23,11 +23,7 @@ void* NewHandle() {
   return reinterpret_cast<void*>(next.fetch_add(0x10));
 }
 
-#define ENTER()                                                \
-  do {                                                         \
-    int fault_code_ = 0;                                       \
-    if (fg::Enter(__func__, &fault_code_)) return fault_code_; \
-  } while (0)
+#define ENTER() JAXLAKE_FAKEGPU_ENTER()
 
 #define CREATE(name, type)          \
   extern "C" __attribute__((visibility("default"))) int name(type* h, ...) { \

@@ -65,11 +65,7 @@ int FromDriver(int r) {
   }
 }
 
-#define ENTER()                                                \
-  do {                                                         \
-    int fault_code_ = 0;                                       \
-    if (fg::Enter(__func__, &fault_code_)) return fault_code_; \
-  } while (0)
+#define ENTER() JAXLAKE_FAKEGPU_ENTER()
 
 }  // namespace
 
