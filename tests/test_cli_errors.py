@@ -268,3 +268,30 @@ def test_jaxlake_1_with_a_bad_option(extra: Dict[str, str], status: int,
             "jaxlake: WARNING: this program ran WITHOUT the lake")
     else:
         assert "RAN" not in result.stdout
+
+
+@pytest.mark.parametrize("flag, named, hint", [
+    ("--jaxlake_capacity=banana", "XLA_FLAGS entry --jaxlake_capacity",
+     "leave the entry out for the whole device"),
+    ("--jaxlake_capacity=0", "XLA_FLAGS entry --jaxlake_capacity",
+     "leave out --jaxlake_capacity"),
+    ("--jaxlake_stitch=maybe", "XLA_FLAGS entry --jaxlake_stitch",
+     "1/true/on/yes"),
+])
+def test_xla_flags_entry_with_a_bad_value(flag: str, named: str, hint: str,
+                                          tmp_path: pathlib.Path) -> None:
+    # An XLA_FLAGS entry is text, like an environment variable: its error
+    # names the entry and never offers None, which no flag can spell.
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("JAXLAKE")}
+    env.update({"JAXLAKE": "1", "JAXLAKE_REQUIRED": "1",
+                "XLA_FLAGS": f"--xla_dump_to=/nonexistent {flag}"})
+    result = subprocess.run([sys.executable, "-c", "print('RAN')"],
+                            cwd=tmp_path, env=env, capture_output=True,
+                            text=True, timeout=120)
+    no_traceback(result)
+    assert result.returncode == 1, result.stderr
+    assert "RAN" not in result.stdout
+    assert named in result.stderr, result.stderr
+    assert hint in result.stderr, result.stderr
+    assert "None" not in result.stderr, result.stderr

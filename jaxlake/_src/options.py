@@ -284,14 +284,30 @@ def format_bytes(nbytes: float, digits: int = 3) -> str:
     return f"{value:.{decimals}f} {name}"
 
 
+def _where(option: Option, env: str) -> str:
+    """How an error names the option: the keyword, or the environment
+    variable / XLA_FLAGS entry (`env` starting with "--") it came from."""
+    if not env:
+        return option.name
+    if env.startswith("--"):
+        return f"{option.name}: XLA_FLAGS entry {env}"
+    return f"{option.name}: environment variable {env}"
+
+
 def _bad(option: Option, value: object, env: str,
          why: str = "") -> ConfigurationError:
-    where = f"{option.name}: environment variable {env}" if env \
-        else option.name
+    where = _where(option, env)
     why = f" ({why})" if why else ""
     return ConfigurationError(
         f"option {where}={value!r} is invalid{why}; "
-        f"expected {option.expected_for(env=bool(env))}")
+        f"expected {_expected(option, env)}")
+
+
+def _expected(option: Option, env: str) -> str:
+    text = option.expected_for(env=bool(env))
+    if env.startswith("--"):
+        text = text.replace("unset the variable", "leave the entry out")
+    return text
 
 
 def _parse(option: Option, value: object, env: str = "") -> OptionValue:
@@ -324,7 +340,8 @@ def _parse(option: Option, value: object, env: str = "") -> OptionValue:
         if number < 0:
             raise _bad(option, value, env, "negative")
         if number == 0:
-            whole = f"leave {env} unset" if env else \
+            whole = (f"leave out {env}" if env.startswith("--") else
+                     f"leave {env} unset") if env else \
                 "leave it unset or pass None"
             raise _bad(option, value, env,
                        "0 bytes would leave the lake no memory; for the "
@@ -359,6 +376,17 @@ def _integer(option: Option, value: object, env: str, sizes: bool) -> int:
             why = str(e) if sizes and "expected" not in str(e) else ""
             raise _bad(option, value, env, why) from None
     raise _bad(option, value, env)
+
+
+def parse_text(name: str, text: str, source: str) -> OptionValue:
+    """The checked value of option `name` written as text, the way an
+    environment variable holds it; `source` names where the text came from
+    in errors (an environment variable, or an XLA_FLAGS entry such as
+    "--jaxlake_capacity"). Raises ConfigurationError."""
+    option = _BY_NAME.get(name)
+    if option is None:
+        raise unknown_option_error(name)
+    return _parse(option, text, source)
 
 
 def resolve_options(options: Optional[Mapping[str, object]] = None,

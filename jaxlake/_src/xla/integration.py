@@ -156,8 +156,12 @@ def resolve_settings(environ: MutableMapping[str, str],
                     f"option {name!r} belongs to the host and sim "
                     "backends; configure() takes: "
                     + ", ".join(LAKE_OPTIONS))
-    merged: Dict[str, Any] = {**flags, **{k: v for k, v in options.items()
-                                          if v is not None}}
+    # An entry is text, as an environment variable is: checked as such, so
+    # that its errors name the entry and what text it may hold.
+    parsed = {name: _options.parse_text(name, value, f"--jaxlake_{name}")
+              for name, value in flags.items()}
+    merged: Dict[str, Any] = {**parsed, **{k: v for k, v in options.items()
+                                           if v is not None}}
     resolved = _options.resolve_options(merged, environ)
     resolved = {k: v for k, v in resolved.items() if k in LAKE_OPTIONS}
     if trace is None:
