@@ -145,7 +145,8 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         "(default: auto: cudnn on a GPU, xla elsewhere)")
     m.add_argument("--dtype", default=None, choices=["float32", "bfloat16"],
                    help="compute dtype; parameters stay float32 (default: "
-                        "bfloat16 on a GPU, float32 elsewhere)")
+                        "bfloat16 on a GPU or when recording a --trace, "
+                        "float32 elsewhere)")
     t = parser.add_argument_group("training")
     t.add_argument("--steps", type=positive_int, default=20,
                    help="optimizer steps to train to (default: 20)")
@@ -285,6 +286,11 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
                      "checkpoint: drop --ckpt-dir")
     if args.trace:
         _writable(parser, "--trace", args.trace)
+        if args.attention == "cudnn" and not on_gpu():
+            parser.error("--attention cudnn cannot be recorded without a "
+                         "GPU: XLA needs the cuDNN library to compile it, "
+                         "and the recorder compiles device-less; use "
+                         "--attention xla (what auto picks here)")
     if args.log_json:
         _writable(parser, "--log-json", args.log_json)
 
@@ -306,10 +312,14 @@ def model_config(args: argparse.Namespace, shard: bool = False,
                  lora_rank: int = 0, lora_alpha: float = 16.0
                  ) -> ModelConfig:
     """The model of the options; --dtype and --attention resolved against
-    the backend jax runs on."""
+    the backend jax runs on. A recorded trace (--trace) is a GPU's: its
+    step is compiled for an H100 wherever it runs, so the dtype is the
+    GPU's (bfloat16) there too. Attention stays xla without a GPU, as
+    compiling cuDNN's needs the cuDNN library."""
     p = PRESETS[args.preset]
     gpu = on_gpu()
-    dtype = args.dtype or ("bfloat16" if gpu else "float32")
+    recording = bool(getattr(args, "trace", None))
+    dtype = args.dtype or ("bfloat16" if gpu or recording else "float32")
     attention = args.attention
     if attention == "auto":
         attention = "cudnn" if gpu else "xla"

@@ -9,6 +9,7 @@ never a stand-in for a GPU figure (benchmarks/gpu/check.sh is that).
 
 from __future__ import annotations
 
+import collections
 import importlib.util
 import json
 import os
@@ -212,6 +213,48 @@ def test_train_lm_tiny_every_pool_buffer_served(tmp_path: pathlib.Path
     assert calls["cuMemAllocFromPoolAsync"] == 0
     assert calls["cuMemFreeAsync"] == 0
     assert calls["cuMemCreate"] >= 1
+    # The recorder against the real client (docs/traces.md): the same
+    # command's device-less trace has the real client's buffers, size for
+    # size, and its peak; the real client adds only a few small buffers of
+    # its own (4-byte scalars and the like).
+    recorded = tmp_path / "recorded.jsonl"
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("XLA_FLAGS", "JAXLAKE")}
+    env["JAX_PLATFORMS"] = "cpu"
+    rec = subprocess.run([sys.executable, str(ROOT / "examples" /
+                                              "train_lm.py"), "--preset",
+                          "tiny", "--steps", "3", "--attention", "xla",
+                          "--trace", str(recorded), "--compile-only",
+                          "--no-progress"], env=env, capture_output=True,
+                         text=True, timeout=300, cwd=str(tmp_path))
+    assert rec.returncode == 0, rec.stderr[-4000:]
+    real_sizes, real_peak = _sizes_and_peak(trace)
+    rec_sizes, rec_peak = _sizes_and_peak(recorded)
+    assert not rec_sizes - real_sizes, rec_sizes - real_sizes
+    extra = real_sizes - rec_sizes
+    assert sum(extra.values()) <= 4 and \
+        sum(k * v for k, v in extra.items()) < 4096, extra
+    assert abs(real_peak - rec_peak) < 4096, (real_peak, rec_peak)
+
+
+def _sizes_and_peak(path: pathlib.Path) -> "tuple[collections.Counter[int], int]":
+    """The multiset of allocation sizes of a trace, and its peak live
+    bytes."""
+    sizes: "collections.Counter[int]" = collections.Counter()
+    live = peak = 0
+    by_id: Dict[int, int] = {}
+    with open(path) as f:
+        next(f)
+        for line in f:
+            event = json.loads(line)
+            if event["op"] == "alloc":
+                by_id[event["id"]] = event["size"]
+                sizes[event["size"]] += 1
+                live += event["size"]
+            else:
+                live -= by_id.pop(event["id"])
+            peak = max(peak, live)
+    return sizes, peak
 
 
 def test_train_sharded_two_fake_devices(tmp_path: pathlib.Path) -> None:
