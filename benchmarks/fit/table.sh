@@ -23,7 +23,7 @@ row() {  # name "NAME=LO..HI [--step S]" command...
       > "$out/$name-$gpu.txt"
   done
 }
-row small-none batch=256..65536 $lm --preset small --dtype bfloat16 --batch {batch} $common
+row small-none batch=256..65536 $lm --preset small --dtype float32 --batch {batch} $common
 row 1b-none batch=1..128 $lm --preset 1b --dtype bfloat16 --batch {batch} $common
 row 1b-full batch=1..1024 $lm --preset 1b --dtype bfloat16 --remat full --batch {batch} $common
 # the same at every batch size, where the powers of two are too coarse
