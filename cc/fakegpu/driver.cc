@@ -149,10 +149,10 @@ CUresult Copy(void* dst, const void* src, std::size_t n, CUstream stream) {
   if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (n == 0) return CUDA_SUCCESS;
   if (Pinned(dst) && Pinned(src)) {
-    s->Enqueue([dst, src, n] { std::memmove(dst, src, n); });
+    s->Enqueue([dst, src, n] { fg::Move(dst, src, n); });
   } else {
     s->Synchronize();
-    std::memmove(dst, src, n);
+    fg::Move(dst, src, n);
   }
   return CUDA_SUCCESS;
 }
@@ -162,7 +162,7 @@ CUresult CopySync(void* dst, const void* src, std::size_t n) {
   int dev = 0;
   if (CUresult r = NeedContext(&dev); r != CUDA_SUCCESS) return r;
   for (fg::Stream* s : fg::StreamsOf(dev)) s->Synchronize();
-  if (n != 0) std::memmove(dst, src, n);
+  if (n != 0) fg::Move(dst, src, n);
   return CUDA_SUCCESS;
 }
 
@@ -172,15 +172,9 @@ CUresult Memset(CUdeviceptr dst, T value, std::size_t count, CUstream stream,
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
   fg::Stream* s = StreamFor(stream);
   if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  auto work = [dst, value, count] {
-    T* p = reinterpret_cast<T*>(dst);
-    if (sizeof(T) == 1) {
-      std::memset(p, static_cast<int>(value), count);
-    } else {
-      std::fill(p, p + count, value);
-    }
-  };
-  s->Enqueue(work);
+  s->Enqueue([dst, value, count] {
+    fg::Fill<T>(reinterpret_cast<void*>(dst), value, count);
+  });
   if (sync) s->Synchronize();
   return CUDA_SUCCESS;
 }
@@ -702,7 +696,7 @@ CUresult NewAllocation(int dev, std::size_t bytes, bool pool,
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   const auto v = reinterpret_cast<CUdeviceptr>(p);
-  fg::AddRange({v, bytes, dev, fg::Kind::kDevice});
+  fg::AddRange({v, bytes, dev, fg::Kind::kDevice, true});
   Driver& d = D();
   std::lock_guard<std::mutex> lock(d.mu);
   d.allocs[v] = Driver::Alloc{dev, bytes, pool};
@@ -753,7 +747,7 @@ FAKE cuMemHostAlloc(void** pp, std::size_t size, unsigned int /*flags*/) {
   void* p = fg::MapAnonymous(size);
   if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
   const auto v = reinterpret_cast<std::uintptr_t>(p);
-  fg::AddRange({v, size, 0, fg::Kind::kHost});
+  fg::AddRange({v, size, 0, fg::Kind::kHost, true});
   Driver& d = D();
   std::lock_guard<std::mutex> lock(d.mu);
   d.host_allocs[v] = size;
@@ -1376,7 +1370,7 @@ FAKE cuModuleGetGlobal_v2(CUdeviceptr* dptr, std::size_t* bytes,
     if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
     const int dev = fg::CurrentDevice();
     fg::AddRange({reinterpret_cast<std::uintptr_t>(p), sym->second,
-                  dev < 0 ? 0 : dev, fg::Kind::kDevice});
+                  dev < 0 ? 0 : dev, fg::Kind::kDevice, true});
     g = it->second.globals.emplace(name, std::make_pair(p, sym->second)).first;
   }
   if (dptr != nullptr) *dptr = reinterpret_cast<CUdeviceptr>(g->second.first);

@@ -73,13 +73,16 @@ bool Enter(const char* name, int* code);
 // the log, counted, and `code` returned.
 int Unsupported(const char* library, const char* name, int code);
 
-// A range of memory the fake handed out.
+// A range of memory the fake handed out. kReserved is a VMM reservation,
+// whose mapped pieces are memfd pages (Host()); `anonymous` marks a range
+// that MapAnonymous made (not host memory the program registered).
 enum class Kind { kDevice, kHost, kReserved };
 struct Range {
   std::uintptr_t base = 0;
   std::size_t size = 0;
   int device = 0;
   Kind kind = Kind::kDevice;
+  bool anonymous = false;
 };
 void AddRange(const Range& r);
 void RemoveRange(std::uintptr_t base);
@@ -95,6 +98,19 @@ std::size_t Used(int device);
 // release.
 void* MapAnonymous(std::size_t size);
 void UnmapAnonymous(void* p, std::size_t size);
+
+// The bytes of copies and memsets, as the device's work writes them. Host
+// memory is committed only where a meaningful byte lands: whole pages that
+// would be written with zeros inside a range the fake made are dropped
+// instead (punched from the memfd behind a VMM mapping, so that every
+// mapping of those pages reads zeros; discarded from an anonymous map), and
+// only the partial pages at the ends are written.
+void Zero(void* dst, std::size_t n);
+template <typename T>
+void Fill(void* dst, T value, std::size_t count);  // T: 8, 16, 32 bits
+// memmove, except that whole destination pages whose source pages hold no
+// data (never written, or dropped) are dropped rather than written.
+void Move(void* dst, const void* src, std::size_t n);
 
 // The VMM calls' backing: memfd-backed mappings (jaxlake's HostDriver).
 vmm::HostDriver& Host();

@@ -1,7 +1,10 @@
 // The fake GPU's shared state (see fakegpu.h).
 #include <sys/mman.h>
+#include <sys/sysinfo.h>
 #include <time.h>
+#include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cerrno>
 #include <cstdio>
@@ -9,6 +12,7 @@
 #include <cstring>
 #include <set>
 #include <unordered_map>
+#include <vector>
 
 #include "cc/fakegpu/fakegpu.h"
 
@@ -103,6 +107,12 @@ struct Counters {
   std::map<std::string, std::uint64_t> calls;
   std::map<std::string, std::uint64_t> unsupported;
   std::uint64_t failed = 0;
+  // Bytes of the device's copies and memsets (Zero, Fill, Move): written,
+  // and left to the OS as zero pages instead.
+  std::atomic<std::uint64_t> memset_written{0};
+  std::atomic<std::uint64_t> memset_dropped{0};
+  std::atomic<std::uint64_t> copy_written{0};
+  std::atomic<std::uint64_t> copy_dropped{0};
 };
 Counters& C() {
   static Counters* const c = new Counters();  // lives as long as the process
@@ -133,7 +143,13 @@ void WriteStats() {
                  static_cast<unsigned long long>(n));
     first = false;
   }
-  std::fprintf(f, "}}\n");
+  std::fprintf(f, "}, \"bytes\": {\"memset_written\": %llu, "
+               "\"memset_dropped\": %llu, \"copy_written\": %llu, "
+               "\"copy_dropped\": %llu}}\n",
+               static_cast<unsigned long long>(c.memset_written.load()),
+               static_cast<unsigned long long>(c.memset_dropped.load()),
+               static_cast<unsigned long long>(c.copy_written.load()),
+               static_cast<unsigned long long>(c.copy_dropped.load()));
   std::fclose(f);
 }
 
@@ -256,6 +272,120 @@ void* MapAnonymous(std::size_t size) {
 
 void UnmapAnonymous(void* p, std::size_t size) {
   if (p != nullptr) ::munmap(p, size);
+}
+
+namespace {
+
+void* Ptr(std::uintptr_t a) { return reinterpret_cast<void*>(a); }
+
+std::size_t PageSize() {
+  static const std::size_t page =
+      static_cast<std::size_t>(::sysconf(_SC_PAGESIZE));
+  return page;
+}
+
+// Whether [p, p+n) lies in one range whose pages the fake itself backs: the
+// accessible mappings of a VMM reservation (memfd pages) or one of its
+// anonymous maps. Memory the program registered is its own, and is only
+// ever written; an unmapped or inaccessible piece of a reservation is left
+// to fault as the device would.
+bool OwnPages(std::uintptr_t p, std::size_t n, Range* r) {
+  if (!FindRange(p, r) || n > r->size - (p - r->base)) return false;
+  if (r->kind == Kind::kReserved) return Host().accessible(p, n);
+  return r->anonymous;
+}
+
+// Writes n zero bytes at a; see Zero().
+void ZeroCounted(std::uintptr_t a, std::size_t n,
+                 std::atomic<std::uint64_t>* written,
+                 std::atomic<std::uint64_t>* dropped) {
+  const std::size_t page = PageSize();
+  const std::uintptr_t lo = (a + page - 1) & ~std::uintptr_t{page - 1};
+  const std::uintptr_t hi = (a + n) & ~std::uintptr_t{page - 1};
+  Range r;
+  if (lo < hi && OwnPages(a, n, &r)) {
+    // MADV_REMOVE frees the memfd's pages (a hole in the file), so every
+    // address it is mapped at reads zeros; MADV_DONTNEED gives a private
+    // anonymous map fresh zero pages on the next touch.
+    const int advice =
+        r.kind == Kind::kReserved ? MADV_REMOVE : MADV_DONTNEED;
+    if (::madvise(Ptr(lo), hi - lo, advice) == 0) {
+      std::memset(Ptr(a), 0, lo - a);
+      std::memset(Ptr(hi), 0, a + n - hi);
+      *written += n - (hi - lo);
+      *dropped += hi - lo;
+      return;
+    }
+  }
+  std::memset(Ptr(a), 0, n);
+  *written += n;
+}
+
+}  // namespace
+
+void Zero(void* dst, std::size_t n) {
+  Counters& c = C();
+  ZeroCounted(reinterpret_cast<std::uintptr_t>(dst), n, &c.memset_written,
+              &c.memset_dropped);
+}
+
+template <typename T>
+void Fill(void* dst, T value, std::size_t count) {
+  if (value == 0) {
+    Zero(dst, count * sizeof(T));
+    return;
+  }
+  T* p = static_cast<T*>(dst);
+  if (sizeof(T) == 1) {
+    std::memset(p, static_cast<int>(value), count);
+  } else {
+    std::fill(p, p + count, value);
+  }
+  C().memset_written += count * sizeof(T);
+}
+template void Fill<std::uint8_t>(void*, std::uint8_t, std::size_t);
+template void Fill<std::uint16_t>(void*, std::uint16_t, std::size_t);
+template void Fill<std::uint32_t>(void*, std::uint32_t, std::size_t);
+
+void Move(void* dst, const void* src, std::size_t n) {
+  Counters& c = C();
+  const auto d = reinterpret_cast<std::uintptr_t>(dst);
+  const auto s = reinterpret_cast<std::uintptr_t>(src);
+  const std::size_t page = PageSize();
+  const std::uintptr_t first = s & ~std::uintptr_t{page - 1};
+  const std::size_t pages = n == 0 ? 0 : (s + n - first + page - 1) / page;
+  // A page of the source that mincore() does not find resident holds no
+  // data: never written, or dropped. That holds only without swap (a
+  // swapped-out page is not resident either), and only for the fake's own
+  // pages (a file's page may be on disk).
+  Range r;
+  struct sysinfo si {};
+  std::vector<unsigned char> resident;
+  const bool holes = pages != 0 && (d + n <= s || s + n <= d) &&
+                     OwnPages(s, n, &r) && ::sysinfo(&si) == 0 &&
+                     si.totalswap == 0;
+  if (holes) resident.resize(pages);
+  if (!holes || ::mincore(Ptr(first), pages * page, resident.data()) != 0) {
+    std::memmove(dst, src, n);
+    c.copy_written += n;
+    return;
+  }
+  // Runs of data pages are copied; runs of holes are zeros at the
+  // destination, which Zero's rule may drop.
+  std::size_t done = 0;
+  while (done < n) {
+    std::size_t i = (s + done - first) / page;
+    const bool hole = (resident[i] & 1) == 0;
+    while (i + 1 < pages && ((resident[i + 1] & 1) == 0) == hole) ++i;
+    const std::size_t end = std::min<std::size_t>(n, first + (i + 1) * page - s);
+    if (hole) {
+      ZeroCounted(d + done, end - done, &c.copy_written, &c.copy_dropped);
+    } else {
+      std::memmove(Ptr(d + done), Ptr(s + done), end - done);
+      c.copy_written += end - done;
+    }
+    done = end;
+  }
 }
 
 vmm::HostDriver& Host() {

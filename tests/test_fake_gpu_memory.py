@@ -1,0 +1,276 @@
+"""The fake GPU's memory (cc/fakegpu/state.cc): bytes stay exact while host
+memory is committed only where meaningful bytes were written.
+
+Each case drives libjaxlake_fakegpu.so's driver API through ctypes in a
+fresh interpreter (the fake's state and options are per process) and reads
+bytes back through the driver's copies. Page residency is read with
+mincore(): for a memfd mapping it tells whether the file holds the page,
+whichever address it was written through.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+from typing import Dict
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _library() -> str:
+    from jaxlake._src.xla import fakegpu
+    return fakegpu.library_path()
+
+
+def _skip_reason() -> str:
+    if sys.platform != "linux":
+        return "the fake GPU is built on Linux only"
+    if not os.path.isfile(_library()):
+        return f"this build has no fake GPU ({_library()})"
+    return ""
+
+
+pytestmark = pytest.mark.skipif(_skip_reason() != "",
+                                reason=_skip_reason() or "-")
+
+
+def _swap() -> bool:
+    with open("/proc/meminfo") as f:
+        for line in f:
+            if line.startswith("SwapTotal:"):
+                return int(line.split()[1]) != 0
+    return False
+
+
+# Helpers of every case: the driver through ctypes, a checked call, the
+# device's bytes read back, and the resident pages of a range.
+PRELUDE = """
+import ctypes, json, os, sys
+lib = ctypes.CDLL(sys.argv[1])
+libc = ctypes.CDLL(None, use_errno=True)
+PAGE = os.sysconf("SC_PAGE_SIZE")
+MiB = 1 << 20
+def ck(r, what=""):
+    assert r == 0, f"{what}: error {r}"
+ck(lib.cuInit(0))
+_dev = ctypes.c_int()
+ck(lib.cuDeviceGet(ctypes.byref(_dev), 0))
+_ctx = ctypes.c_void_p()
+ck(lib.cuDevicePrimaryCtxRetain(ctypes.byref(_ctx), _dev))
+ck(lib.cuCtxSetCurrent(_ctx))
+U64 = ctypes.c_uint64
+
+class Prop(ctypes.Structure):
+    _fields_ = [("type", ctypes.c_int), ("handle_types", ctypes.c_int),
+                ("loc_type", ctypes.c_int), ("loc_id", ctypes.c_int),
+                ("win32", ctypes.c_void_p), ("flags", ctypes.c_ubyte * 8)]
+
+class Access(ctypes.Structure):
+    _fields_ = [("loc_type", ctypes.c_int), ("loc_id", ctypes.c_int),
+                ("flags", ctypes.c_int)]
+
+def reserve(size):
+    va = U64()
+    ck(lib.cuMemAddressReserve(ctypes.byref(va), ctypes.c_size_t(size),
+                               ctypes.c_size_t(0), U64(0), U64(0)), "reserve")
+    return va.value
+
+def create(size):
+    prop = Prop(type=1, loc_type=1, loc_id=0)
+    h = U64()
+    ck(lib.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(size),
+                       ctypes.byref(prop), U64(0)), "create")
+    return h.value
+
+def map_at(va, size, handle, access=True):
+    ck(lib.cuMemMap(U64(va), ctypes.c_size_t(size), ctypes.c_size_t(0),
+                    U64(handle), U64(0)), "map")
+    if access:
+        desc = Access(loc_type=1, loc_id=0, flags=3)
+        ck(lib.cuMemSetAccess(U64(va), ctypes.c_size_t(size),
+                              ctypes.byref(desc), ctypes.c_size_t(1)),
+           "access")
+
+def alloc(size):
+    p = U64()
+    ck(lib.cuMemAlloc_v2(ctypes.byref(p), ctypes.c_size_t(size)), "alloc")
+    return p.value
+
+def put(dst, data):
+    buf = ctypes.create_string_buffer(bytes(data), len(data))
+    ck(lib.cuMemcpyHtoD_v2(U64(dst), buf, ctypes.c_size_t(len(data))), "h2d")
+
+def get(src, n):
+    buf = ctypes.create_string_buffer(n)
+    ck(lib.cuMemcpyDtoH_v2(buf, U64(src), ctypes.c_size_t(n)), "d2h")
+    return buf.raw
+
+def memset8(dst, value, n):
+    ck(lib.cuMemsetD8_v2(U64(dst), ctypes.c_ubyte(value),
+                         ctypes.c_size_t(n)), "memset8")
+
+def memset32(dst, value, count):
+    ck(lib.cuMemsetD32_v2(U64(dst), ctypes.c_uint(value),
+                          ctypes.c_size_t(count)), "memset32")
+
+def d2d(dst, src, n):
+    ck(lib.cuMemcpyDtoD_v2(U64(dst), U64(src), ctypes.c_size_t(n)), "d2d")
+
+def resident(addr, n):
+    first = addr & ~(PAGE - 1)
+    pages = (addr + n - first + PAGE - 1) // PAGE
+    vec = (ctypes.c_ubyte * pages)()
+    r = libc.mincore(ctypes.c_void_p(first), ctypes.c_size_t(pages * PAGE),
+                     vec)
+    assert r == 0, ctypes.get_errno()
+    return sum(v & 1 for v in vec)
+
+def pattern(n, seed):
+    return bytes((i * 7 + seed) % 251 + 1 for i in range(n))
+
+def report(**kw):
+    print("RESULT " + json.dumps(kw), flush=True)
+"""
+
+
+def run_case(script: str, env: Dict[str, str] = {}
+             ) -> subprocess.CompletedProcess:
+    full = dict(os.environ)
+    full.update(env)
+    return subprocess.run(
+        [sys.executable, "-c", PRELUDE + textwrap.dedent(script), _library()],
+        env=full, capture_output=True, text=True, timeout=120,
+        cwd=str(ROOT))
+
+
+def result(proc: subprocess.CompletedProcess) -> Dict:
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return dict(json.loads(lines[-1][len("RESULT "):]))
+
+
+def test_memset_zero_drops_whole_pages_seen_through_both_mappings(
+        tmp_path: pathlib.Path) -> None:
+    stats = tmp_path / "stats.json"
+    out = result(run_case("""
+    G = 2 * MiB
+    va = reserve(4 * G)
+    h = create(G)
+    map_at(va, G, h)                 # the primary mapping
+    map_at(va + 3 * G, G, h)         # the same pages at a second address
+    data = pattern(G, 3)
+    put(va, data)
+    before = resident(va, G)
+    head, tail = 100, 300            # the memset starts and ends mid-page
+    memset8(va + head, 0, G - head - tail)
+    want = data[:head] + bytes(G - head - tail) + data[G - tail:]
+    same_primary = get(va, G) == want
+    same_stitched = get(va + 3 * G, G) == want
+    after = resident(va, G)
+    after_stitched = resident(va + 3 * G, G)
+    # A nonzero memset is real: every byte is written and kept.
+    memset32(va + PAGE, 0x01020304, 1000)
+    got = get(va + PAGE, 4000)
+    nonzero_ok = got == bytes([4, 3, 2, 1]) * 1000
+    nonzero_resident = resident(va + PAGE, 4000)
+    # A 32-bit zero memset over the written range drops it as well.
+    memset32(va + PAGE, 0, 1000)
+    zero32_ok = get(va + PAGE, 4000) == bytes(4000)
+    report(before=before, after=after, after_stitched=after_stitched,
+           same_primary=same_primary, same_stitched=same_stitched,
+           nonzero_ok=nonzero_ok, nonzero_resident=nonzero_resident,
+           zero32_ok=zero32_ok, pages=G // PAGE)
+    """, env={"JAXLAKE_FAKEGPU_STATS": str(stats)}))
+    assert out["before"] == out["pages"]
+    assert out["same_primary"] and out["same_stitched"]
+    # Only the two partial pages at the ends still hold memory, for both
+    # addresses (they are one memfd's pages).
+    assert out["after"] == 2 and out["after_stitched"] == 2
+    assert out["nonzero_ok"] and out["nonzero_resident"] == 1
+    assert out["zero32_ok"]
+    counts = json.loads(stats.read_text())["bytes"]
+    page = os.sysconf("SC_PAGE_SIZE")
+    g = 2 << 20
+    # The first memset drops all but its two partial pages; the zero
+    # memset32 of 4000 bytes inside one page has no whole page to drop.
+    assert counts["memset_dropped"] == g - 2 * page
+    assert counts["memset_written"] == (2 * page - 400) + 4000 + 4000
+
+
+def test_copy_from_never_written_memory_writes_no_page() -> None:
+    out = result(run_case("""
+    G = 2 * MiB
+    va = reserve(4 * G)
+    src, dst = va, va + G
+    map_at(src, G, create(G))
+    map_at(dst, G, create(G))
+    put(dst, pattern(G, 5))
+    # Half a page and more of data at the source's start, then holes; the
+    # copy starts and ends mid-page on both sides, at different offsets.
+    put(src, pattern(PAGE + 2048, 9))
+    s_off, d_off, n = 1000, 3000, G - 8192
+    d2d(dst + d_off, src + s_off, n)
+    src_pages = resident(src, G)
+    whole = get(dst, G)
+    want = (pattern(G, 5)[:d_off] + pattern(PAGE + 2048, 9)[s_off:]
+            + bytes(n - (PAGE + 2048 - s_off))
+            + pattern(G, 5)[d_off + n:])
+    # A never-written buffer read back to the host: zeros, and the source
+    # gains no page.
+    fresh = va + 2 * G
+    map_at(fresh, G, create(G))
+    zeros_back = get(fresh, G) == bytes(G)
+    # Anonymous (cuMemAlloc) memory: the same rule.
+    a, b = alloc(G), alloc(G)
+    put(b, pattern(G, 7))
+    d2d(b, a, G)
+    anon_ok = get(b, G) == bytes(G)
+    report(same=whole == want, src_pages=src_pages,
+           dst_pages=resident(dst, G), fresh_pages=resident(fresh, G),
+           zeros_back=zeros_back, anon_pages=resident(b, G),
+           anon_src_pages=resident(a, G), anon_ok=anon_ok,
+           pages=G // PAGE)
+    """))
+    assert out["same"] and out["zeros_back"] and out["anon_ok"]
+    if _swap():
+        pytest.skip("this machine has swap: the fake then copies every byte "
+                    "(a swapped-out page is not resident either), so the "
+                    "pages a copy leaves are not the hole rule's")
+    # The source holds only what put() wrote: nothing was read into it.
+    assert out["src_pages"] == 2
+    # The destination keeps the pages the copy's data and its partial ends
+    # touch; the whole pages the source's holes cover are dropped.
+    page = os.sysconf("SC_PAGE_SIZE")
+    g, s_off, d_off = 2 << 20, 1000, 3000
+    n = g - 8192
+    # The source's data pages are its first two (the second partly
+    # written, but resident whole): the copy's holes start after them.
+    holes_from = d_off + 2 * page - s_off
+    dropped = ((d_off + n) // page
+               - (holes_from + page - 1) // page)
+    assert dropped > 0
+    assert out["dst_pages"] == out["pages"] - dropped, out
+    assert out["fresh_pages"] == 0
+    assert out["anon_pages"] == 0 and out["anon_src_pages"] == 0
+
+
+def test_zeroing_inaccessible_memory_still_faults() -> None:
+    # Pages mapped without access fault on the device; the fake must not
+    # drop them silently instead.
+    proc = run_case("""
+    G = 2 * MiB
+    va = reserve(G)
+    map_at(va, G, create(G), access=False)
+    print("ZEROING", flush=True)
+    memset8(va, 0, G)
+    report(survived=True)
+    """)
+    assert "ZEROING" in proc.stdout, proc.stderr[-2000:]
+    assert proc.returncode == -11, (proc.returncode, proc.stdout)
