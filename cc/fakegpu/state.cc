@@ -377,7 +377,8 @@ void Move(void* dst, const void* src, std::size_t n) {
     std::size_t i = (s + done - first) / page;
     const bool hole = (resident[i] & 1) == 0;
     while (i + 1 < pages && ((resident[i + 1] & 1) == 0) == hole) ++i;
-    const std::size_t end = std::min<std::size_t>(n, first + (i + 1) * page - s);
+    const std::size_t end =
+        std::min<std::size_t>(n, first + (i + 1) * page - s);
     if (hole) {
       ZeroCounted(d + done, end - done, &c.copy_written, &c.copy_dropped);
     } else {
