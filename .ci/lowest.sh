@@ -22,7 +22,7 @@ uv=("$VENV/bin/uv" pip)
 "${uv[@]}" compile -q --python "$VENV/bin/python" --resolution lowest-direct \
   pyproject.toml --extra examples --extra record -o "$VENV/lowest.txt"
 "${uv[@]}" install -q --python "$VENV/bin/python" -r "$VENV/lowest.txt" \
-  pytest hypothesis cmake ninja
+  pytest pytest-xdist hypothesis cmake ninja
 # jaxlake itself, with exactly those versions (--no-deps: nothing moves).
 "${uv[@]}" install -q --python "$VENV/bin/python" --no-deps .
 "$VENV/bin/python" --version

@@ -11,7 +11,6 @@ if [ -x .venv/bin/cmake ]; then PATH="$PWD/.venv/bin:$PATH"; fi
 generator=()
 if command -v ninja >/dev/null 2>&1; then generator=(-G Ninja); fi
 jobs=$(nproc 2>/dev/null || echo 2)
-targets=(vmm_test lake_test replay_test stress)
 
 # Reports stop the program with a nonzero status (-fno-sanitize-recover=all
 # for UBSan; halt_on_error for the others).
@@ -21,14 +20,21 @@ export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 
 run() {
   local sanitize=$1 dir=build/sanitize-${1//,/-}
-  echo "== ${sanitize}: configure and build ${targets[*]}"
+  # The replay engine and its policy models run on one thread: ThreadSanitizer
+  # has nothing to check there, so its build leaves replay_test out.
+  local tests=(vmm_test lake_test replay_test)
+  if [ "$sanitize" = thread ]; then tests=(vmm_test lake_test); fi
+  echo "== ${sanitize}: configure and build ${tests[*]} stress"
   local start=$SECONDS
+  # -O1, as the sanitizers' documentation advises: about a fifth less
+  # compile time than RelWithDebInfo's -O2, stack traces that stay readable.
   cmake -S . -B "$dir" "${generator[@]}" -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+    "-DCMAKE_CXX_FLAGS_RELWITHDEBINFO=-O1 -g -DNDEBUG" \
     -DJAXLAKE_BUILD_TESTS=ON -DJAXLAKE_BUILD_PYTHON=OFF -DJAXLAKE_WERROR=ON \
     -DJAXLAKE_SANITIZE="$sanitize" >/dev/null
-  cmake --build "$dir" --parallel "$jobs" --target "${targets[@]}"
+  cmake --build "$dir" --parallel "$jobs" --target "${tests[@]}" stress
   echo "== ${sanitize}: built in $((SECONDS - start)) s"
-  for t in vmm_test lake_test replay_test; do
+  for t in "${tests[@]}"; do
     start=$SECONDS
     "$dir/$t" >"$dir/$t.log" 2>&1 || { tail -n 60 "$dir/$t.log"; exit 1; }
     echo "== ${sanitize}: $t: $(tail -n 1 "$dir/$t.log") ($((SECONDS - start)) s)"

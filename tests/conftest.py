@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import contextlib
+import fcntl
 import functools
 import json
 import os
@@ -83,6 +85,19 @@ def _run(args: List[str], cwd: pathlib.Path,
                           timeout=timeout)
 
 
+@contextlib.contextmanager
+def _build_lock(build: pathlib.Path) -> Iterator[None]:
+    """Holds a lock on the build folder: under pytest-xdist every worker
+    collects (configures) and may build the same folder, one at a time."""
+    build.parent.mkdir(parents=True, exist_ok=True)
+    with open(build.parent / (build.name + ".lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+
+
 def _failure(what: str, args: List[str],
              result: "subprocess.CompletedProcess[str]") -> str:
     output = (result.stdout + result.stderr)[-8000:]
@@ -108,11 +123,12 @@ def _setup() -> Setup:
     args = [cmake, "-S", str(REPO), "-B", str(build), *generator,
             "-DCMAKE_BUILD_TYPE=Debug", "-DJAXLAKE_BUILD_TESTS=ON",
             "-DJAXLAKE_BUILD_PYTHON=OFF", "-DJAXLAKE_WERROR=ON"]
-    result = _run(args, REPO, 600)
-    if result.returncode != 0:
-        return Setup(build, cmake, ctest, [], "",
-                     _failure("CMake configure", args, result))
-    listing = _run([ctest, "--show-only=json-v1"], build, 120)
+    with _build_lock(build):
+        result = _run(args, REPO, 600)
+        if result.returncode != 0:
+            return Setup(build, cmake, ctest, [], "",
+                         _failure("CMake configure", args, result))
+        listing = _run([ctest, "--show-only=json-v1"], build, 120)
     names = [t["name"] for t in json.loads(listing.stdout)["tests"]]
     return Setup(build, cmake, ctest, names, "", "")
 
@@ -133,7 +149,8 @@ def built() -> Setup:
         pytest.fail(setup.error, pytrace=False)
     args = [setup.cmake, "--build", str(setup.build), "--parallel",
             str(os.cpu_count() or 2)]
-    result = _run(args, REPO, 1800)
+    with _build_lock(setup.build):
+        result = _run(args, REPO, 1800)
     if result.returncode != 0:
         pytest.fail(_failure("CMake build", args, result), pytrace=False)
     return setup
