@@ -327,6 +327,46 @@ def test_recorder_engine_on_the_tiny_lm(tmp_path: Path) -> None:
     assert "recorded" not in again.stderr and "trace reused" in again.stderr
 
 
+TRACE_SCRIPT = """
+import json, sys
+n, path = int(sys.argv[1]), sys.argv[sys.argv.index("--trace") + 1]
+with open(path, "w") as f:
+    f.write(json.dumps({"format": "jaxlake-trace", "version": 1,
+                        "name": "t", "devices": 1, "source": "test",
+                        "meta": {}}) + "\\n")
+    f.write(json.dumps({"t": 0, "op": "alloc", "id": 1, "dev": 0,
+                        "size": n << 20}) + "\\n")
+"""
+
+
+def test_recorder_traces_serve_every_gpu(tmp_path: Path) -> None:
+    # A recorder's trace does not depend on the GPU: the H200's search
+    # reuses the H100's traces (the fake GPU's would not: its model is
+    # part of the trace).
+    script = tmp_path / "rec.py"
+    script.write_text(TRACE_SCRIPT)
+    traces = str(tmp_path / "traces")
+    vary = Vary("n", 1 << 10, 1 << 17)
+    values = search.grid(vary, "pow2", 1)
+    argv = [sys.executable, str(script), "{n}"]
+    first = run.fit(argv, vary, values, engine.Gpu.parse("h100"),
+                    ["jaxlake"], engine="recorder", traces_dir=traces)
+    made = sorted(os.listdir(traces))
+    lake = first.policy("jaxlake")
+    assert lake is not None and lake.largest == 1 << 15  # 32 GiB of 60
+    second = run.fit(argv, vary, values, engine.Gpu.parse("h200"),
+                     ["jaxlake"], engine="recorder", traces_dir=traces)
+    lake = second.policy("jaxlake")
+    assert lake is not None and lake.largest == 1 << 16  # 64 of 105.75 GiB
+    assert {t.value for t in first.traces} & {t.value for t in second.traces}
+    # only the values the H100's search did not try were recorded again
+    new = sorted(set(os.listdir(traces)) - set(made))
+    assert len(new) == len({t.value for t in second.traces}
+                           - {t.value for t in first.traces}) * 2  # + .log
+    assert engine.Gpu.parse("h200").fake_model != \
+        engine.Gpu.parse("h100").fake_model
+
+
 _FAKE_WHY = engine.fake_gpu_available()
 
 SCRIPT = """

@@ -7,7 +7,7 @@
 # ENGINE=recorder (the default) records with jaxlake.Recorder, compiling
 # without running (--compile-only); ENGINE=fake-gpu runs each value's two
 # steps under `jaxlake run --fake-gpu` (XLA's real GPU client on the fake
-# GPU). ROWS="small-none tiny-none" picks rows.
+# GPU). ROWS="small-none tiny-none" picks rows, GPUS="h100" the GPUs.
 set -euo pipefail
 out=${1:-jaxlake-fit}
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -26,7 +26,7 @@ rows=${ROWS:-}   # e.g. ROWS="1b-full 3b-full": only those rows
 row() {  # name "NAME=LO..HI [--step S]" command...
   local name=$1 vary=$2; shift 2
   if [ -n "$rows" ] && [[ " $rows " != *" $name "* ]]; then return; fi
-  for gpu in h100 h200; do
+  for gpu in ${GPUS:-h100 h200}; do
     echo "== $name on $gpu ($engine)" >&2
     $py -m jaxlake fit --gpu "$gpu" --vary $vary --engine "$engine" \
       --traces "$out/traces" --json "$out/$name-$gpu.json" -- "$@" \
@@ -43,3 +43,10 @@ row 1b-dots batch=1..128 $lm --preset 1b --dtype bfloat16 --remat dots-saveable 
 row 1b-buckets-eval batch=1..1024 $lm --preset 1b --dtype bfloat16 --remat full --seq-buckets 512,1024 --eval-every 1 --batch {batch} $common
 row 1b-lora batch=1..128 $lora --preset 1b --dtype bfloat16 --batch {batch} $common
 row 3b-full batch=1..128 $lm --preset 3b --dtype bfloat16 --remat full --batch {batch} $common
+# The engines side by side on a device this host's memory can fake: the
+# fake GPU's memory costs host memory where XLA's copies and memsets write
+# it, which grows with the batch (tiny at batch 8192 reached 22 GiB of host
+# memory before it was stopped), so these rows are for GPUS=1GiB, with both
+# engines (table.py --compare).
+row tiny-cmp batch=16..1024 $lm --preset tiny --dtype float32 --attention xla --batch {batch} $common
+row small-cmp batch=1..256 $lm --preset small --dtype float32 --attention xla --batch {batch} $common

@@ -230,7 +230,10 @@ def fit(argv: Sequence[str], vary: Vary, values: Sequence[int],
 
     def engine_trace(value: int) -> str:
         command = substitute(argv, vary, value)
-        key = hashlib.sha1(json.dumps([engine, gpu.fake_model, command])
+        # The fake GPU's model is part of its trace; the recorder's traces
+        # are the same for every GPU (its compile is an H100's).
+        model = gpu.fake_model if engine == "fake-gpu" else ""
+        key = hashlib.sha1(json.dumps([engine, model, command])
                            .encode()).hexdigest()[:12]
         path = os.path.join(folder, f"{vary.name}-{value}-{key}.jsonl")
         label = f"{vary.name}={value}"
@@ -267,8 +270,10 @@ def fit(argv: Sequence[str], vary: Vary, values: Sequence[int],
 
 LIMITS = (
     "limits: the fake GPU runs no kernel, so workspaces cuBLAS, cuDNN or "
-    "NCCL size at run time are not in the trace; the recorder sees only "
-    "what its recorded functions allocate (docs/design.md, `jaxlake fit`)")
+    "NCCL size at run time are not in the trace; memory outside XLA's pool "
+    "is what the shim passed on to the driver, not what the driver takes "
+    "for itself (contexts, modules); the recorder sees only what its "
+    "recorded functions allocate (docs/design.md, `jaxlake fit`)")
 
 
 def outside_line(report: FitReport) -> str:
