@@ -172,10 +172,43 @@ def test_capacity_rules() -> None:
 def test_outside_pool_from_the_trace_header() -> None:
     assert engine.outside_pool({}) is None
     assert engine.outside_pool({"outside_pool_bytes": 5 * MIB}) == 5 * MIB
-    hooks = {"cuMemAlloc_v2": {"forwarded": 2, "forwarded_bytes": 6 * MIB},
-             "cuMemAllocFromPoolAsync": {"forwarded": 0,
-                                         "forwarded_bytes": 0}}
-    assert engine.outside_pool({"hooks": hooks}) == 6 * MIB
+    # a program that died before the shim's first flush leaves null
+    assert engine.outside_pool({"outside_pool_bytes": None}) is None
+    assert engine.outside_pool({"outside_pool_bytes": -1}) is None
+    assert engine.outside_pool({"outside_pool_bytes": True}) is None
+
+
+def test_each_value_has_its_own_outside_pool(tmp_path: Path) -> None:
+    # n MiB live in the pool and 4n MiB outside it: with 48 MiB of
+    # capacity, n=8 would fit without the outside memory, and n=9 fits
+    # not even then (9 + 36 MiB, 48 - 36 = 12 MiB of capacity, rounded
+    # to granules). The capacity of each value is its own trace's.
+    def make(value: int) -> str:
+        path = tmp_path / f"o{value}.jsonl"
+        with TraceWriter(path, f"o{value}",
+                         meta={"outside_pool_bytes": 4 * value * MIB}) as w:
+            w.alloc(1, value * MIB, kind="temp")
+        return str(path)
+
+    vary = Vary("n", 1, 16)
+    report = run.fit(["prog", "{n}"], vary, search.grid(vary, "linear", 1),
+                     engine.Gpu.parse("64MiB"), ["jaxlake"], make_trace=make)
+    lake = report.policy("jaxlake")
+    assert lake is not None
+    # n MiB fits in 48 - 4n MiB (granules of 2 MiB) up to n = 9
+    assert lake.largest == 9
+    assert lake.next_failure is not None and lake.next_failure.value == 10
+    assert lake.next_failure.capacity == 8 * MIB
+    assert report.capacity["jaxlake"] == 44 * MIB  # n=1's: 48 - 4
+    assert report.outside_pool == max(t.outside_pool or 0
+                                      for t in report.traces)
+    data = report.to_json()
+    assert data["outside_pool"] == report.outside_pool
+    assert {t["value"]: t["outside_pool"] for t in data["traces"]}[9] == \
+        36 * MIB
+    text = run.format_report(report)
+    assert "memory outside XLA's pool: 4 MiB to " in text
+    assert "subtracted from every capacity" in text
 
 
 def test_fake_gpu_command_line() -> None:
@@ -294,6 +327,46 @@ def test_recorder_engine_on_the_tiny_lm(tmp_path: Path) -> None:
     assert "recorded" not in again.stderr and "trace reused" in again.stderr
 
 
+TRACE_SCRIPT = """
+import json, sys
+n, path = int(sys.argv[1]), sys.argv[sys.argv.index("--trace") + 1]
+with open(path, "w") as f:
+    f.write(json.dumps({"format": "jaxlake-trace", "version": 1,
+                        "name": "t", "devices": 1, "source": "test",
+                        "meta": {}}) + "\\n")
+    f.write(json.dumps({"t": 0, "op": "alloc", "id": 1, "dev": 0,
+                        "size": n << 20}) + "\\n")
+"""
+
+
+def test_recorder_traces_serve_every_gpu(tmp_path: Path) -> None:
+    # A recorder's trace does not depend on the GPU: the H200's search
+    # reuses the H100's traces (the fake GPU's would not: its model is
+    # part of the trace).
+    script = tmp_path / "rec.py"
+    script.write_text(TRACE_SCRIPT)
+    traces = str(tmp_path / "traces")
+    vary = Vary("n", 1 << 10, 1 << 17)
+    values = search.grid(vary, "pow2", 1)
+    argv = [sys.executable, str(script), "{n}"]
+    first = run.fit(argv, vary, values, engine.Gpu.parse("h100"),
+                    ["jaxlake"], engine="recorder", traces_dir=traces)
+    made = sorted(os.listdir(traces))
+    lake = first.policy("jaxlake")
+    assert lake is not None and lake.largest == 1 << 15  # 32 GiB of 60
+    second = run.fit(argv, vary, values, engine.Gpu.parse("h200"),
+                     ["jaxlake"], engine="recorder", traces_dir=traces)
+    lake = second.policy("jaxlake")
+    assert lake is not None and lake.largest == 1 << 16  # 64 of 105.75 GiB
+    assert {t.value for t in first.traces} & {t.value for t in second.traces}
+    # only the values the H100's search did not try were recorded again
+    new = sorted(set(os.listdir(traces)) - set(made))
+    assert len(new) == len({t.value for t in second.traces}
+                           - {t.value for t in first.traces}) * 2  # + .log
+    assert engine.Gpu.parse("h200").fake_model != \
+        engine.Gpu.parse("h100").fake_model
+
+
 _FAKE_WHY = engine.fake_gpu_available()
 
 SCRIPT = """
@@ -323,6 +396,52 @@ def test_fake_gpu_engine_on_a_small_script(tmp_path: Path) -> None:
     assert lake["largest"] is not None and 16 <= lake["largest"] <= 128
     assert lake["next_failure"]["reason"] == "shortage"
     assert lake["next_failure"]["peak_live"] > 192 * MIB
+    # XLA's client takes nothing outside its pool for this program, and
+    # the traces say so (a figure, not "not reported")
+    assert data["outside_pool"] == 0
+    assert "memory outside XLA's pool: 0 B" in done.stdout
+
+
+OUTSIDE_SCRIPT = """
+import ctypes
+import sys
+import jax, jax.numpy as jnp
+n = int(sys.argv[1])
+x = jnp.ones((n, 1 << 18), jnp.float32)   # n MiB, in XLA's pool
+# 64 MiB outside it, as a library calling cuMemAlloc would take
+cuda = ctypes.CDLL("libcuda.so.1")
+ptr = ctypes.c_ulonglong(0)
+assert cuda.cuMemAlloc_v2(ctypes.byref(ptr), ctypes.c_size_t(64 << 20)) == 0
+y = jax.jit(lambda a: (a * 2).sum(axis=0))(x)
+y.block_until_ready()
+"""
+
+
+@pytest.mark.skipif(_FAKE_WHY is not None,
+                    reason=f"the fake GPU is unavailable: {_FAKE_WHY}")
+def test_fake_gpu_engine_subtracts_memory_outside_the_pool(
+        tmp_path: Path) -> None:
+    script = tmp_path / "outside.py"
+    script.write_text(OUTSIDE_SCRIPT)
+    out = tmp_path / "fit.json"
+    done = _jaxlake("fit", "--gpu", "256MiB", "--vary", "n=16..512",
+                    "--json", str(out), "--policies", "jaxlake,bfc", "--",
+                    sys.executable, str(script), "{n}", timeout=120)
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(out.read_text())
+    # the shim counted the forwarded cuMemAlloc in every trace's header
+    assert data["outside_pool"] == 64 * MIB
+    assert {t["outside_pool"] for t in data["traces"]} == {64 * MIB}
+    lake = data["policies"]["jaxlake"]
+    # 192 MiB less 64 MiB: the next value fails with its live bytes
+    # under 192 MiB, so it would have fit without the subtraction
+    assert lake["capacity"] == 128 * MIB
+    assert lake["largest"] is not None and 16 <= lake["largest"] <= 64
+    nf = lake["next_failure"]
+    assert nf["reason"] == "shortage"
+    assert 128 * MIB < nf["peak_live"] <= 192 * MIB
+    assert "memory outside XLA's pool: 64 MiB" in done.stdout
+    assert "capacity: jaxlake 128 MiB, bfc 128 MiB" in done.stdout
 
 
 @pytest.mark.skipif(_FAKE_WHY is None,

@@ -1,11 +1,18 @@
 """The markdown table of docs/benchmarks.md from table.sh's JSON reports.
 
     python benchmarks/fit/table.py [OUT]      (default: ./jaxlake-fit)
+    python benchmarks/fit/table.py --compare RECORDER_OUT FAKE_GPU_OUT
+
 
 One row per (row, GPU): each policy's largest batch, with "s" (shortage)
 or "f" (fragmentation) for why the next value fails; then whether jaxlake's
 is at least every peer's, and, where fragmentation limits BFC, jaxlake's
 over BFC's.
+
+--compare puts two engines' reports of the same rows side by side: each
+policy's largest batch as "recorder / fake-gpu", whether they agree on
+every policy, and the memory outside XLA's pool the fake GPU's traces
+reported.
 """
 
 from __future__ import annotations
@@ -55,5 +62,50 @@ def main(folder: str) -> int:
     return 0
 
 
+def _reports(folder: str) -> dict:
+    return {os.path.basename(p)[:-len(".json")]:
+            json.load(open(p, encoding="utf-8"))
+            for p in sorted(glob.glob(os.path.join(folder, "*.json")))}
+
+
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def compare(first: str, second: str) -> int:
+    a, b = _reports(first), _reports(second)
+    both = [k for k in a if k in b]
+    if not both:
+        print(f"no row has a report in both {first} and {second}",
+              file=sys.stderr)
+        return 1
+    e1 = a[both[0]]["engine"]
+    e2 = b[both[0]]["engine"]
+    print(f"| row | GPU | " + " | ".join(ORDER)
+          + f" | agree | outside pool ({e2}) |")
+    print("|" + "---|" * (len(ORDER) + 4))
+    for key in both:
+        row, gpu = key.rsplit("-", 1)
+        pa, pb = a[key]["policies"], b[key]["policies"]
+        cells, agree = [], True
+        for n in ORDER:
+            if n not in pa or n not in pb:
+                cells.append("-")
+                continue
+            cells.append(f"{cell(pa[n])} / {cell(pb[n])}")
+            agree &= pa[n]["largest"] == pb[n]["largest"]
+        outs = [t.get("outside_pool") for t in b[key]["traces"]]
+        known = [o for o in outs if o is not None]
+        outside = ("not reported" if not known else
+                   _mib(max(known)) if min(known) == max(known) else
+                   f"{_mib(min(known))} to {_mib(max(known))}")
+        print(f"| {row} | {gpu} | " + " | ".join(cells)
+              + f" | {'yes' if agree else '**no**'} | {outside} |")
+    print(f"\n(each cell: {e1} / {e2})")
+    return 0
+
+
 if __name__ == "__main__":
+    if len(sys.argv) == 4 and sys.argv[1] == "--compare":
+        sys.exit(compare(sys.argv[2], sys.argv[3]))
     sys.exit(main(sys.argv[1] if len(sys.argv) > 1 else "jaxlake-fit"))

@@ -1,29 +1,40 @@
 #!/usr/bin/env bash
-# The bundled `jaxlake fit` table of docs/benchmarks.md: each row's search on
-# an H100 and an H200 with the recorder engine (traces reused between the
-# two GPUs through --traces). Writes OUT/<row>-<gpu>.json; table.py turns
-# them into the table.
+# The bundled `jaxlake fit` tables of docs/benchmarks.md: each row's search
+# on an H100 and an H200 (traces reused between the two GPUs through
+# --traces). Writes OUT/<row>-<gpu>.json; table.py turns them into the
+# table.
 #   benchmarks/fit/table.sh [OUT]      (default: ./jaxlake-fit)
+# ENGINE=recorder (the default) records with jaxlake.Recorder, compiling
+# without running (--compile-only); ENGINE=fake-gpu runs each value's two
+# steps under `jaxlake run --fake-gpu` (XLA's real GPU client on the fake
+# GPU). ROWS="small-none tiny-none" picks rows, GPUS="h100" the GPUs.
 set -euo pipefail
 out=${1:-jaxlake-fit}
 here=$(cd "$(dirname "$0")/../.." && pwd)
 py=${PYTHON:-python}
+engine=${ENGINE:-recorder}
 lm="$py $here/examples/train_lm.py"
 lora="$py $here/examples/finetune_lora.py"
-common="--steps 2 --compile-only --no-progress"
+case $engine in
+  recorder) common="--steps 2 --compile-only --no-progress" ;;
+  fake-gpu) common="--steps 2 --no-progress" ;;
+  *) echo "table.sh: ENGINE must be recorder or fake-gpu, not $engine" >&2
+     exit 2 ;;
+esac
 mkdir -p "$out"
 rows=${ROWS:-}   # e.g. ROWS="1b-full 3b-full": only those rows
 row() {  # name "NAME=LO..HI [--step S]" command...
   local name=$1 vary=$2; shift 2
   if [ -n "$rows" ] && [[ " $rows " != *" $name "* ]]; then return; fi
-  for gpu in h100 h200; do
-    echo "== $name on $gpu" >&2
-    $py -m jaxlake fit --gpu "$gpu" --vary $vary --engine recorder \
+  for gpu in ${GPUS:-h100 h200}; do
+    echo "== $name on $gpu ($engine)" >&2
+    $py -m jaxlake fit --gpu "$gpu" --vary $vary --engine "$engine" \
       --traces "$out/traces" --json "$out/$name-$gpu.json" -- "$@" \
       > "$out/$name-$gpu.txt"
   done
 }
-row small-none batch=256..65536 $lm --preset small --dtype float32 --batch {batch} $common
+row tiny-none batch=1024..1048576 $lm --preset tiny --dtype float32 --attention xla --batch {batch} $common
+row small-none batch=256..65536 $lm --preset small --dtype float32 --attention xla --batch {batch} $common
 row 1b-none batch=1..128 $lm --preset 1b --dtype bfloat16 --batch {batch} $common
 row 1b-full batch=1..1024 $lm --preset 1b --dtype bfloat16 --remat full --batch {batch} $common
 # the same at every batch size, where the powers of two are too coarse
@@ -32,3 +43,10 @@ row 1b-dots batch=1..128 $lm --preset 1b --dtype bfloat16 --remat dots-saveable 
 row 1b-buckets-eval batch=1..1024 $lm --preset 1b --dtype bfloat16 --remat full --seq-buckets 512,1024 --eval-every 1 --batch {batch} $common
 row 1b-lora batch=1..128 $lora --preset 1b --dtype bfloat16 --batch {batch} $common
 row 3b-full batch=1..128 $lm --preset 3b --dtype bfloat16 --remat full --batch {batch} $common
+# The engines side by side on a device this host's memory can fake: the
+# fake GPU's memory costs host memory where XLA's copies and memsets write
+# it, which grows with the batch (tiny at batch 8192 reached 22 GiB of host
+# memory before it was stopped), so these rows are for GPUS=1GiB, with both
+# engines (table.py --compare).
+row tiny-cmp batch=16..1024 $lm --preset tiny --dtype float32 --attention xla --batch {batch} $common
+row small-cmp batch=1..256 $lm --preset small --dtype float32 --attention xla --batch {batch} $common

@@ -72,7 +72,9 @@ std::string HooksJson(Lakes& lakes) {
            ", \"served\": " + std::to_string(c.served.load()) +
            ", \"forwarded\": " + std::to_string(c.forwarded.load()) +
            ", \"failed\": " + std::to_string(c.failed.load()) +
-           ", \"captured\": " + std::to_string(c.captured.load()) + "}";
+           ", \"captured\": " + std::to_string(c.captured.load()) +
+           ", \"forwarded_bytes\": " +
+           std::to_string(c.forwarded_bytes.load()) + "}";
   }
   return out + "}";
 }
@@ -93,6 +95,11 @@ std::string StatusJson(Lakes& lakes) {
          ", \"forwarded_found\": " + std::to_string(real.forwarded) +
          ", \"lakes\": [" + devices + "]" +
          ", \"options\": " + OptionsJson(lakes.options()) +
+         ", \"outside_pool\": {\"current\": " +
+         std::to_string(lakes.outside().current()) +
+         ", \"peak\": " + std::to_string(lakes.outside().peak()) +
+         ", \"allocations\": " +
+         std::to_string(lakes.outside().allocations()) + "}" +
          ", \"trace\": {\"active\": " + JsonBool(!trace_path.empty()) +
          ", \"path\": " + JsonString(trace_path) + "}}";
 }
@@ -219,8 +226,7 @@ int jaxlake_shim_trace_start(const char* path, const char* name) {
   if (path == nullptr) return -EINVAL;
   try {
     Lakes& lakes = Lakes::Get();
-    return lakes.trace().Start(path, name != nullptr ? name : "shim",
-                               [&lakes] { return lakes.DeviceCount(); });
+    return lakes.StartTrace(path, name != nullptr ? name : "shim");
   } catch (...) {
     return -ENOMEM;
   }

@@ -21,6 +21,15 @@
 // capture it fails with CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED), and the
 // lake never sees an address of the driver's pool.
 //
+// Device memory the program takes outside the lakes is counted (the
+// OutsideLedger of lakes.h, the peak of which goes into the trace header):
+// the successful forwarded cuMemAllocFromPoolAsync calls, and the hooked
+// cuMemAlloc_v2, cuMemAllocPitch_v2, cuMemAllocManaged, cuMemAllocAsync and
+// cuMemCreate (device locations only), which are always forwarded; their
+// frees (cuMemFree_v2, cuMemFreeAsync, cuMemRelease) take them off. The
+// lakes' own cuMemCreate calls go to the driver directly and are not
+// counted.
+//
 // Pool attributes of a default pool whose device has a lake (the lake is
 // never created by a query): RESERVED/USED_MEM_CURRENT and _HIGH are the
 // driver's figure plus the lake's (reserved: physical bytes it holds; used:
@@ -97,6 +106,28 @@ JAXLAKE_SHIM_EXPORT CUresult cuGetProcAddress_v2(const char* symbol,
                                                  void** pfn, int cuda_version,
                                                  cuuint64_t flags,
                                                  int* symbol_status);
+JAXLAKE_SHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr,
+                                           std::size_t bytesize);
+JAXLAKE_SHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr,
+                                                std::size_t* pitch,
+                                                std::size_t width,
+                                                std::size_t height,
+                                                unsigned int element);
+JAXLAKE_SHIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr,
+                                               std::size_t bytesize,
+                                               unsigned int flags);
+JAXLAKE_SHIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr,
+                                             std::size_t bytesize,
+                                             CUstream stream);
+JAXLAKE_SHIM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr,
+                                                  std::size_t bytesize,
+                                                  CUstream stream);
+JAXLAKE_SHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr);
+JAXLAKE_SHIM_EXPORT CUresult cuMemCreate(
+    jaxlake::cuda::CUmemGenericAllocationHandle* handle, std::size_t size,
+    const jaxlake::cuda::CUmemAllocationProp* prop, unsigned long long flags);
+JAXLAKE_SHIM_EXPORT CUresult cuMemRelease(
+    jaxlake::cuda::CUmemGenericAllocationHandle handle);
 
 namespace jaxlake::shim {
 namespace {
@@ -141,6 +172,20 @@ template <typename F, typename... Args>
 CUresult Forward(Hook hook, F* fn, Args... args) {
   return Done(hook, false,
               fn != nullptr ? fn(args...) : cu::CUDA_ERROR_NOT_FOUND);
+}
+
+// Counts the device memory of a forwarded allocation `r` made: `bytes` at
+// *dptr, outside every lake.
+CUresult Outside(Hook hook, CUresult r, const CUdeviceptr* dptr,
+                 std::size_t bytes) {
+  if (r != cu::CUDA_SUCCESS || dptr == nullptr || *dptr == 0 || bytes == 0)
+    return r;
+  Lakes& lakes = Lakes::Get();
+  lakes.counter(hook).forwarded_bytes.fetch_add(bytes,
+                                                std::memory_order_relaxed);
+  lakes.outside().Add(OutsideLedger::Key::kAddress,
+                      static_cast<std::uintptr_t>(*dptr), bytes);
+  return r;
 }
 
 void Called(Hook hook) {
@@ -274,22 +319,24 @@ CUresult AllocFromPool(bool per_thread, CUdeviceptr* dptr, std::size_t size,
   auto* forward = per_thread ? real.MemAllocFromPoolAsync_ptsz
                              : real.MemAllocFromPoolAsync;
   // Zero-byte and null-output requests keep the driver's own answer.
-  if (!lakes.active() || dptr == nullptr || size == 0)
-    return Forward(hook, forward, dptr, size, pool, stream);
+  auto forwarded = [&] {
+    return Outside(hook, Forward(hook, forward, dptr, size, pool, stream),
+                   dptr, size);
+  };
+  if (!lakes.active() || dptr == nullptr || size == 0) return forwarded();
   const int device = lakes.DeviceOfPool(pool);
   Lake* lake = device >= 0 ? lakes.LakeFor(device) : nullptr;
-  if (lake == nullptr) return Forward(hook, forward, dptr, size, pool, stream);
+  if (lake == nullptr) return forwarded();
   // A request made under capture becomes a graph allocation node: that
   // stays with the driver.
   if (UnderCapture(stream, per_thread)) {
     CountCaptured(hook);
-    return Forward(hook, forward, dptr, size, pool, stream);
+    return forwarded();
   }
   const vmm::Stream s = LakeStream(stream, per_thread);
   // Every thread has its own per-thread default stream, which the lake
   // could not tell apart: the driver's pool serves them.
-  if (s == cu::kStreamPerThread)
-    return Forward(hook, forward, dptr, size, pool, stream);
+  if (s == cu::kStreamPerThread) return forwarded();
   std::uintptr_t address = 0;
   const vmm::Status st = lake->allocate(size, s, &address);
   if (st == vmm::Status::kOk) {
@@ -313,9 +360,12 @@ CUresult FreeAsync(bool per_thread, CUdeviceptr dptr, CUstream stream) {
     // Not a lake's address: the driver's pool (or its error) answers.
     if (UnderCapture(stream, per_thread)) CountCaptured(hook);
     const RealApi& real = Real().api;
-    return Forward(hook,
-                   per_thread ? real.MemFreeAsync_ptsz : real.MemFreeAsync,
-                   dptr, stream);
+    const CUresult r =
+        Forward(hook, per_thread ? real.MemFreeAsync_ptsz : real.MemFreeAsync,
+                dptr, stream);
+    if (r == cu::CUDA_SUCCESS)
+      lakes.outside().Remove(OutsideLedger::Key::kAddress, ptr);
+    return r;
   }
   // A lake address: never the driver's pool's business. Under capture the
   // free would become a graph node the lake cannot honour.
@@ -334,6 +384,62 @@ CUresult FreeAsync(bool per_thread, CUdeviceptr dptr, CUstream stream) {
   if (lakes.trace().active() && lake->allocation_size(ptr) != 0)
     lakes.trace().Free(device, ptr, s);
   return Done(hook, true, ToCu(lake->free(ptr, s)));
+}
+
+// ---- allocations outside the pools ------------------------------------------------
+
+template <typename F, typename... Args>
+CUresult AllocOutside(Hook hook, F* fn, CUdeviceptr* dptr, std::size_t bytes,
+                      Args... args) {
+  Called(hook);
+  return Outside(hook, Forward(hook, fn, dptr, bytes, args...), dptr, bytes);
+}
+
+CUresult AllocPitch(CUdeviceptr* dptr, std::size_t* pitch, std::size_t width,
+                    std::size_t height, unsigned int element) {
+  const Hook hook = Hook::cuMemAllocPitch_v2;
+  Called(hook);
+  const CUresult r = Forward(hook, Real().api.MemAllocPitch_v2, dptr, pitch,
+                             width, height, element);
+  return Outside(hook, r, dptr, pitch != nullptr ? *pitch * height : 0);
+}
+
+CUresult FreeOutside(CUdeviceptr dptr) {
+  const Hook hook = Hook::cuMemFree_v2;
+  Called(hook);
+  const CUresult r = Forward(hook, Real().api.MemFree_v2, dptr);
+  if (r == cu::CUDA_SUCCESS)
+    Lakes::Get().outside().Remove(OutsideLedger::Key::kAddress,
+                                  static_cast<std::uintptr_t>(dptr));
+  return r;
+}
+
+CUresult Create(cu::CUmemGenericAllocationHandle* handle, std::size_t size,
+                const cu::CUmemAllocationProp* prop, unsigned long long flags) {
+  const Hook hook = Hook::cuMemCreate;
+  Called(hook);
+  const CUresult r =
+      Forward(hook, Real().api.MemCreate, handle, size, prop, flags);
+  // Physical memory on a device (not pinned host memory).
+  if (r == cu::CUDA_SUCCESS && handle != nullptr && prop != nullptr &&
+      prop->location.type == cu::CU_MEM_LOCATION_TYPE_DEVICE && size > 0) {
+    Lakes& lakes = Lakes::Get();
+    lakes.counter(hook).forwarded_bytes.fetch_add(size,
+                                                  std::memory_order_relaxed);
+    lakes.outside().Add(OutsideLedger::Key::kHandle,
+                        static_cast<std::uintptr_t>(*handle), size);
+  }
+  return r;
+}
+
+CUresult Release(cu::CUmemGenericAllocationHandle handle) {
+  const Hook hook = Hook::cuMemRelease;
+  Called(hook);
+  const CUresult r = Forward(hook, Real().api.MemRelease, handle);
+  if (r == cu::CUDA_SUCCESS)
+    Lakes::Get().outside().Remove(OutsideLedger::Key::kHandle,
+                                  static_cast<std::uintptr_t>(handle));
+  return r;
 }
 
 // ---- pools ------------------------------------------------------------------------
@@ -450,6 +556,15 @@ bool RewriteProcAddress(const char* symbol, void** pfn, int cuda_version,
        reinterpret_cast<void*>(&::cuMemPoolGetAttribute), nullptr},
       {"cuMemPoolTrimTo", nullptr,
        reinterpret_cast<void*>(&::cuMemPoolTrimTo), nullptr},
+      {"cuMemAllocAsync", "cuMemAllocAsync_ptsz",
+       reinterpret_cast<void*>(&::cuMemAllocAsync),
+       reinterpret_cast<void*>(&::cuMemAllocAsync_ptsz)},
+      {"cuMemAllocManaged", nullptr,
+       reinterpret_cast<void*>(&::cuMemAllocManaged), nullptr},
+      {"cuMemCreate", nullptr, reinterpret_cast<void*>(&::cuMemCreate),
+       nullptr},
+      {"cuMemRelease", nullptr, reinterpret_cast<void*>(&::cuMemRelease),
+       nullptr},
   };
   for (const Pair& p : pairs) {
     if (std::strcmp(symbol, p.name) == 0) {
@@ -458,6 +573,23 @@ bool RewriteProcAddress(const char* symbol, void** pfn, int cuda_version,
     }
     if (p.ptsz != nullptr && std::strcmp(symbol, p.ptsz) == 0) {
       *pfn = p.per_thread;
+      return true;
+    }
+  }
+  // cuMemAlloc, cuMemAllocPitch and cuMemFree: the driver answers with the
+  // _v2 function (the shim's twin) or, for old versions, the 32-bit legacy
+  // one, which is left alone.
+  const std::pair<const char*, void*> versioned[] = {
+      {"cuMemAlloc_v2", reinterpret_cast<void*>(&::cuMemAlloc_v2)},
+      {"cuMemAllocPitch_v2", reinterpret_cast<void*>(&::cuMemAllocPitch_v2)},
+      {"cuMemFree_v2", reinterpret_cast<void*>(&::cuMemFree_v2)},
+  };
+  for (const auto& [name, ours] : versioned) {
+    const std::size_t base = std::strlen(name) - 3;  // without "_v2"
+    if ((std::strncmp(symbol, name, base) == 0 && symbol[base] == '\0') ||
+        std::strcmp(symbol, name) == 0) {
+      if (!is(name)) return false;
+      *pfn = ours;
       return true;
     }
   }
@@ -635,4 +767,53 @@ CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cuda_version,
   JAXLAKE_SHIM_GUARD(jaxlake::shim::GetProcAddress(
       jaxlake::shim::Hook::cuGetProcAddress_v2, symbol, pfn, cuda_version,
       flags, symbol_status))
+}
+
+CUresult cuMemAlloc_v2(CUdeviceptr* dptr, std::size_t bytesize) {
+  JAXLAKE_SHIM_GUARD(jaxlake::shim::AllocOutside(
+      jaxlake::shim::Hook::cuMemAlloc_v2, jaxlake::shim::Real().api.MemAlloc_v2,
+      dptr, bytesize))
+}
+
+CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, std::size_t* pitch,
+                            std::size_t width, std::size_t height,
+                            unsigned int element) {
+  JAXLAKE_SHIM_GUARD(
+      jaxlake::shim::AllocPitch(dptr, pitch, width, height, element))
+}
+
+CUresult cuMemAllocManaged(CUdeviceptr* dptr, std::size_t bytesize,
+                           unsigned int flags) {
+  JAXLAKE_SHIM_GUARD(jaxlake::shim::AllocOutside(
+      jaxlake::shim::Hook::cuMemAllocManaged,
+      jaxlake::shim::Real().api.MemAllocManaged, dptr, bytesize, flags))
+}
+
+CUresult cuMemAllocAsync(CUdeviceptr* dptr, std::size_t bytesize,
+                         CUstream stream) {
+  JAXLAKE_SHIM_GUARD(jaxlake::shim::AllocOutside(
+      jaxlake::shim::Hook::cuMemAllocAsync,
+      jaxlake::shim::Real().api.MemAllocAsync, dptr, bytesize, stream))
+}
+
+CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, std::size_t bytesize,
+                              CUstream stream) {
+  JAXLAKE_SHIM_GUARD(jaxlake::shim::AllocOutside(
+      jaxlake::shim::Hook::cuMemAllocAsync_ptsz,
+      jaxlake::shim::Real().api.MemAllocAsync_ptsz, dptr, bytesize, stream))
+}
+
+CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  JAXLAKE_SHIM_GUARD(jaxlake::shim::FreeOutside(dptr))
+}
+
+CUresult cuMemCreate(jaxlake::cuda::CUmemGenericAllocationHandle* handle,
+                     std::size_t size,
+                     const jaxlake::cuda::CUmemAllocationProp* prop,
+                     unsigned long long flags) {
+  JAXLAKE_SHIM_GUARD(jaxlake::shim::Create(handle, size, prop, flags))
+}
+
+CUresult cuMemRelease(jaxlake::cuda::CUmemGenericAllocationHandle handle) {
+  JAXLAKE_SHIM_GUARD(jaxlake::shim::Release(handle))
 }

@@ -78,19 +78,24 @@ JAXLAKE_SHIM_EXPORT_API long long jaxlake_shim_stats_json(int device,
 
 /* Call counts of the hooked entry points as a JSON object:
  *   {"cuMemAllocFromPoolAsync": {"calls": N, "served": N, "forwarded": N,
- *    "failed": N, "captured": N}, ...}
+ *    "failed": N, "captured": N, "forwarded_bytes": N}, ...}
  * served: answered by the shim (a lake, or a rewritten cuGetProcAddress
  * answer); forwarded: passed to the real driver; failed: returned an error;
  * captured: allocations and frees made under stream capture (forwarded, or
- * refused for a lake address). */
+ * refused for a lake address); forwarded_bytes: device bytes of the
+ * successful forwarded allocations (a running total; 0 for the entry
+ * points that allocate nothing). */
 JAXLAKE_SHIM_EXPORT_API size_t jaxlake_shim_hooks_json(char* buf,
                                                        size_t size);
 
 /* Everything about the shim as a JSON object: api_version, version, active,
  * reason, real_libcuda (path), self (path), forwarded_names (exported
  * names forwarded), forwarded_found (of those, found in the real driver),
- * lakes (device ordinals), options (the JAXLAKE_* values in force) and
- * trace ({"active": bool, "path": str}). */
+ * lakes (device ordinals), options (the JAXLAKE_* values in force),
+ * outside_pool ({"current": N, "peak": N, "allocations": N}: device bytes
+ * the program took outside the lakes through the shim, the peak since the
+ * last trace start, see README.md) and trace ({"active": bool, "path":
+ * str}). */
 JAXLAKE_SHIM_EXPORT_API size_t jaxlake_shim_status_json(char* buf,
                                                         size_t size);
 

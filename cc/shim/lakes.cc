@@ -49,12 +49,60 @@ Lakes::Lakes() {
   // destroyed, see lakes.h).
   std::atexit([] { Lakes::Get().trace().Flush(); });
   if (!options_.trace_file.empty()) {
-    const int r = trace_.Start(options_.trace_file, "shim",
-                               [this] { return DeviceCount(); });
+    const int r = StartTrace(options_.trace_file, "shim");
     if (r != 0)
       std::fprintf(stderr, "jaxlake shim: cannot write the trace to %s: %s\n",
                    options_.trace_file.c_str(), std::strerror(-r));
   }
+}
+
+int Lakes::StartTrace(const std::string& path, const std::string& name) {
+  outside_.ResetPeak();
+  return trace_.Start(path, name, [this] { return DeviceCount(); },
+                      [this] { return outside_.peak(); });
+}
+
+void OutsideLedger::Add(Key kind, std::uintptr_t key, std::size_t bytes) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& live = kind == Key::kAddress ? addresses_ : handles_;
+  auto [it, fresh] = live.emplace(key, bytes);
+  if (!fresh) {  // a key the driver handed out again: the old one is gone
+    current_ -= it->second;
+    it->second = bytes;
+  }
+  current_ += bytes;
+  ++allocations_;
+  if (current_ > peak_) peak_ = current_;
+}
+
+bool OutsideLedger::Remove(Key kind, std::uintptr_t key) {
+  std::lock_guard<std::mutex> lock(mu_);
+  auto& live = kind == Key::kAddress ? addresses_ : handles_;
+  auto it = live.find(key);
+  if (it == live.end()) return false;
+  current_ -= it->second;
+  live.erase(it);
+  return true;
+}
+
+std::uint64_t OutsideLedger::current() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return current_;
+}
+
+std::uint64_t OutsideLedger::peak() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return peak_;
+}
+
+std::uint64_t OutsideLedger::allocations() const {
+  std::lock_guard<std::mutex> lock(mu_);
+  return allocations_;
+}
+
+void OutsideLedger::ResetPeak() {
+  std::lock_guard<std::mutex> lock(mu_);
+  peak_ = current_;
 }
 
 void Lakes::Disable(const std::string& why) {

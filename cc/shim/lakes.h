@@ -19,6 +19,7 @@
 #include <memory>
 #include <mutex>
 #include <string>
+#include <unordered_map>
 #include <vector>
 
 #include "cc/lake/lake.h"
@@ -46,7 +47,15 @@ namespace jaxlake::shim {
   X(cuStreamEndCapture)               \
   X(cuStreamEndCapture_ptsz)          \
   X(cuGetProcAddress)                 \
-  X(cuGetProcAddress_v2)
+  X(cuGetProcAddress_v2)              \
+  X(cuMemAlloc_v2)                    \
+  X(cuMemAllocPitch_v2)               \
+  X(cuMemAllocManaged)                \
+  X(cuMemAllocAsync)                  \
+  X(cuMemAllocAsync_ptsz)             \
+  X(cuMemFree_v2)                     \
+  X(cuMemCreate)                      \
+  X(cuMemRelease)
 
 enum class Hook : int {
 #define JAXLAKE_X(name) name,
@@ -69,6 +78,39 @@ struct HookCounter {
   std::atomic<std::uint64_t> forwarded{0};
   std::atomic<std::uint64_t> failed{0};
   std::atomic<std::uint64_t> captured{0};
+  // Device bytes of the successful allocations passed on to the driver
+  // (allocating entry points only; a running total, frees not subtracted).
+  std::atomic<std::uint64_t> forwarded_bytes{0};
+};
+
+// Device memory taken outside the lakes through the shim: the allocations
+// it passed on to the driver (cuMemAlloc_v2, cuMemAllocPitch_v2,
+// cuMemAllocManaged, cuMemAllocAsync, the cuMemAllocFromPoolAsync calls no
+// lake served) by address, and the physical allocations of cuMemCreate
+// made by the program (the lakes' own go to the driver directly) by
+// handle. Their frees (cuMemFree_v2, cuMemFreeAsync of such an address,
+// cuMemRelease) take them off. `current` is the bytes live, `peak` its
+// highest value since the last ResetPeak.
+class OutsideLedger {
+ public:
+  enum class Key { kAddress, kHandle };
+  void Add(Key kind, std::uintptr_t key, std::size_t bytes);
+  // Takes `key` off when it is there; false when it was not.
+  bool Remove(Key kind, std::uintptr_t key);
+  std::uint64_t current() const;
+  std::uint64_t peak() const;
+  // Allocations added since the start.
+  std::uint64_t allocations() const;
+  // The peak starts again from the bytes live now.
+  void ResetPeak();
+
+ private:
+  mutable std::mutex mu_;
+  std::unordered_map<std::uintptr_t, std::size_t> addresses_;
+  std::unordered_map<std::uintptr_t, std::size_t> handles_;
+  std::uint64_t current_ = 0;
+  std::uint64_t peak_ = 0;
+  std::uint64_t allocations_ = 0;
 };
 
 class Lakes {
@@ -106,7 +148,11 @@ class Lakes {
   int AddressOwner(std::uintptr_t ptr) const;
 
   HookCounter& counter(Hook h) { return counters_[static_cast<int>(h)]; }
+  OutsideLedger& outside() { return outside_; }
   TraceWriter& trace() { return trace_; }
+  // Starts the trace in `path` (TraceWriter::Start) with this process's
+  // device count and the peak of the memory outside the lakes from now.
+  int StartTrace(const std::string& path, const std::string& name);
   // Devices the real driver reports (0 when it cannot say).
   int DeviceCount() const;
 
@@ -131,6 +177,7 @@ class Lakes {
   std::vector<cuda::CUmemoryPool> pools_;  // by ordinal, set once
 
   std::array<HookCounter, kNumHooks> counters_;
+  OutsideLedger outside_;
   TraceWriter trace_;
 };
 

@@ -160,6 +160,14 @@ RealDriver* Load() {
             &a.StreamBeginCaptureToGraph_ptsz);
     Resolve(r->handle, "cuStreamEndCapture", &a.StreamEndCapture);
     Resolve(r->handle, "cuStreamEndCapture_ptsz", &a.StreamEndCapture_ptsz);
+    Resolve(r->handle, "cuMemAlloc_v2", &a.MemAlloc_v2);
+    Resolve(r->handle, "cuMemAllocPitch_v2", &a.MemAllocPitch_v2);
+    Resolve(r->handle, "cuMemAllocManaged", &a.MemAllocManaged);
+    Resolve(r->handle, "cuMemAllocAsync", &a.MemAllocAsync);
+    Resolve(r->handle, "cuMemAllocAsync_ptsz", &a.MemAllocAsync_ptsz);
+    Resolve(r->handle, "cuMemFree_v2", &a.MemFree_v2);
+    Resolve(r->handle, "cuMemCreate", &a.MemCreate);
+    Resolve(r->handle, "cuMemRelease", &a.MemRelease);
   }
   r->forwarded = FillForwardingTable(r->handle);
   return r;

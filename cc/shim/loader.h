@@ -57,6 +57,19 @@ struct RealApi {
                                              std::size_t, int);
   CUresult (*StreamEndCapture)(cuda::CUstream, void**);
   CUresult (*StreamEndCapture_ptsz)(cuda::CUstream, void**);
+  // Allocations outside the pools (the shim counts their bytes, hooks.cc).
+  CUresult (*MemAlloc_v2)(cuda::CUdeviceptr*, std::size_t);
+  CUresult (*MemAllocPitch_v2)(cuda::CUdeviceptr*, std::size_t*, std::size_t,
+                               std::size_t, unsigned int);
+  CUresult (*MemAllocManaged)(cuda::CUdeviceptr*, std::size_t, unsigned int);
+  CUresult (*MemAllocAsync)(cuda::CUdeviceptr*, std::size_t, cuda::CUstream);
+  CUresult (*MemAllocAsync_ptsz)(cuda::CUdeviceptr*, std::size_t,
+                                 cuda::CUstream);
+  CUresult (*MemFree_v2)(cuda::CUdeviceptr);
+  CUresult (*MemCreate)(cuda::CUmemGenericAllocationHandle*, std::size_t,
+                        const cuda::CUmemAllocationProp*,
+                        unsigned long long);
+  CUresult (*MemRelease)(cuda::CUmemGenericAllocationHandle);
 };
 
 struct RealDriver {

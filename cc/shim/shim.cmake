@@ -29,7 +29,10 @@ if(JAXLAKE_BUILD_SHIM)
     cuStreamBeginCapture_v2 cuStreamBeginCapture_v2_ptsz
     cuStreamBeginCaptureToGraph cuStreamBeginCaptureToGraph_ptsz
     cuStreamEndCapture cuStreamEndCapture_ptsz
-    cuGetProcAddress cuGetProcAddress_v2)
+    cuGetProcAddress cuGetProcAddress_v2
+    cuMemAlloc_v2 cuMemAllocPitch_v2 cuMemAllocManaged
+    cuMemAllocAsync cuMemAllocAsync_ptsz cuMemFree_v2
+    cuMemCreate cuMemRelease)
   string(REPLACE ";" "," jaxlake_shim_hooked_arg "${jaxlake_shim_hooked}")
   set(jaxlake_shim_symbols "${PROJECT_SOURCE_DIR}/cc/shim/cuda_symbols.txt")
   set(jaxlake_shim_forward
@@ -146,7 +149,8 @@ if(JAXLAKE_BUILD_SHIM)
     add_test(NAME shim_test COMMAND shim_test)
     # The other configurations run the tests that do not need the lake.
     set(jaxlake_shim_forward_tests first_call configuration dlopen
-        every_listed unhooked missing get_proc_address forwarded)
+        every_listed unhooked missing get_proc_address forwarded
+        memory_outside)
     add_test(NAME shim_test_hooks_off
              COMMAND shim_test ${jaxlake_shim_forward_tests})
     add_test(NAME shim_test_bad_option

@@ -1,7 +1,10 @@
 // jaxlake shim: writing the allocation trace (see trace.h).
 #include "cc/shim/trace.h"
 
+#include <unistd.h>
+
 #include <cerrno>
+#include <cstring>
 #include <utility>
 
 #include "cc/shim/json.h"
@@ -14,7 +17,8 @@ TraceWriter::~TraceWriter() {
 }
 
 int TraceWriter::Start(const std::string& path, const std::string& name,
-                       std::function<int()> devices) {
+                       std::function<int()> devices,
+                       std::function<std::uint64_t()> outside_peak) {
   std::lock_guard<std::mutex> lock(mu_);
   StopLocked();
   errno = 0;
@@ -28,6 +32,8 @@ int TraceWriter::Start(const std::string& path, const std::string& name,
   path_ = path;
   name_ = name;
   devices_ = std::move(devices);
+  outside_peak_ = std::move(outside_peak);
+  outside_at_ = -1;
   header_written_ = false;
   start_ = std::chrono::steady_clock::now();
   last_t_ = 0;
@@ -38,14 +44,41 @@ int TraceWriter::Start(const std::string& path, const std::string& name,
   return 0;
 }
 
+// The width of the header's outside figure: null, or up to 20 digits.
+constexpr int kFigureWidth = 20;
+
 void TraceWriter::HeaderLocked() {
   if (header_written_) return;
   header_written_ = true;
   const int devices = devices_ ? devices_() : 0;
-  std::fprintf(file_,
-               "{\"format\": \"jaxlake-trace\", \"version\": 1, \"name\": %s, "
-               "\"devices\": %d, \"source\": \"shim\", \"meta\": {}}\n",
-               JsonString(name_).c_str(), devices > 0 ? devices : 1);
+  const long start = std::ftell(file_);
+  const int n = std::fprintf(
+      file_,
+      "{\"format\": \"jaxlake-trace\", \"version\": 1, \"name\": %s, "
+      "\"devices\": %d, \"source\": \"shim\", \"meta\": {",
+      JsonString(name_).c_str(), devices > 0 ? devices : 1);
+  if (!outside_peak_) {
+    std::fputs("}}\n", file_);
+    return;
+  }
+  const int m = std::fputs("\"outside_pool_bytes\": ", file_);
+  if (start >= 0 && n > 0 && m >= 0)
+    outside_at_ = start + n + static_cast<long>(std::strlen(
+                                  "\"outside_pool_bytes\": "));
+  std::fprintf(file_, "%-*s}}\n", kFigureWidth, "null");
+}
+
+void TraceWriter::FlushLocked() {
+  HeaderLocked();
+  std::fflush(file_);
+  if (outside_at_ < 0 || !outside_peak_) return;
+  char figure[kFigureWidth + 1];
+  std::snprintf(figure, sizeof figure, "%-*llu", kFigureWidth,
+                static_cast<unsigned long long>(outside_peak_()));
+  // pwrite leaves the stream's own position (the end) alone.
+  if (::pwrite(::fileno(file_), figure, kFigureWidth, outside_at_) !=
+      kFigureWidth)
+    outside_at_ = -1;  // not a seekable file: the header keeps null
 }
 
 long long TraceWriter::Stop() {
@@ -55,7 +88,7 @@ long long TraceWriter::Stop() {
 
 long long TraceWriter::StopLocked() {
   if (file_ == nullptr) return -1;
-  HeaderLocked();
+  FlushLocked();
   active_.store(false, std::memory_order_release);
   std::fclose(file_);
   file_ = nullptr;
@@ -71,8 +104,7 @@ void TraceWriter::set_flush_every(std::size_t n) {
 void TraceWriter::Flush() {
   std::lock_guard<std::mutex> lock(mu_);
   if (file_ == nullptr) return;
-  HeaderLocked();
-  std::fflush(file_);
+  FlushLocked();
 }
 
 std::string TraceWriter::path() const {
@@ -104,8 +136,7 @@ void TraceWriter::Alloc(int device, std::uintptr_t ptr, std::size_t size,
                static_cast<unsigned long long>(last_t_),
                static_cast<unsigned long long>(id), device, size,
                static_cast<unsigned long long>(stream));
-  if (++events_ % static_cast<long long>(flush_every_) == 0)
-    std::fflush(file_);
+  if (++events_ % static_cast<long long>(flush_every_) == 0) FlushLocked();
 }
 
 void TraceWriter::Free(int device, std::uintptr_t ptr, std::uint64_t stream) {
@@ -122,8 +153,7 @@ void TraceWriter::Free(int device, std::uintptr_t ptr, std::uint64_t stream) {
                static_cast<unsigned long long>(it->second.id), device,
                it->second.size, static_cast<unsigned long long>(stream));
   live_.erase(it);
-  if (++events_ % static_cast<long long>(flush_every_) == 0)
-    std::fflush(file_);
+  if (++events_ % static_cast<long long>(flush_every_) == 0) FlushLocked();
 }
 
 }  // namespace jaxlake::shim

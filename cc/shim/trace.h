@@ -8,6 +8,13 @@
 // legacy default stream, 2: a per-thread default stream, else the CUstream
 // handle's value).
 //
+// The header's meta holds "outside_pool_bytes": the peak of the device
+// memory the program took outside the lakes through the shim since the
+// trace started (OutsideLedger, lakes.h). Known only as the program runs,
+// it is written as null padded to 20 characters and overwritten in place
+// at every flush with the peak so far (a file the writer cannot seek in,
+// a FIFO say, keeps null).
+//
 // The file is flushed every `flush_every` events (set_flush_every, from
 // JAXLAKE_TRACE_FLUSH) and by Flush(), which the shim calls at process exit,
 // so a process that dies keeps all but its last few events.
@@ -38,7 +45,8 @@ class TraceWriter {
   // initialised yet when the trace starts. Returns 0, or -errno when the
   // file cannot be opened.
   int Start(const std::string& path, const std::string& name,
-            std::function<int()> devices);
+            std::function<int()> devices,
+            std::function<std::uint64_t()> outside_peak = nullptr);
   // Stops the trace and closes the file. Returns the events written, or -1
   // when no trace was running.
   long long Stop();
@@ -62,6 +70,8 @@ class TraceWriter {
   std::uint64_t Now() const;
   long long StopLocked();
   void HeaderLocked();
+  // Flushes the file and writes the outside peak into the header.
+  void FlushLocked();
 
   mutable std::mutex mu_;
   std::atomic<bool> active_{false};
@@ -69,6 +79,8 @@ class TraceWriter {
   std::string path_;
   std::string name_;
   std::function<int()> devices_;
+  std::function<std::uint64_t()> outside_peak_;
+  long outside_at_ = -1;  // the file offset of the header's figure
   bool header_written_ = false;
   std::chrono::steady_clock::time_point start_;
   std::uint64_t last_t_ = 0;

@@ -96,6 +96,7 @@ struct Fake {
   };
   std::unordered_map<CUdeviceptr, PoolAlloc> pool_allocs;
   std::uint64_t pool_used[kDevices] = {};
+  std::unordered_map<CUdeviceptr, void*> plain_allocs;  // cuMemAlloc_v2
   std::uint64_t pool_high[kDevices] = {};
   std::uint64_t release_threshold[kDevices] = {};
   std::set<std::uintptr_t> streams;
@@ -766,6 +767,32 @@ FAKE_EXPORT CUresult cuDeviceGetDefaultMemPool(CUmemoryPool* pool,
   if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!ValidDevice(device)) return CUDA_ERROR_INVALID_DEVICE;
   *pool = PoolOf(device);
+  return CUDA_SUCCESS;
+}
+
+// Plain device memory (host memory here), outside every pool.
+FAKE_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr, std::size_t size) {
+  FAKE_COUNT();
+  if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  if (dptr == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  void* memory = std::aligned_alloc(256, (size + 255) / 256 * 256);
+  if (memory == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  Fake& f = F();
+  std::lock_guard<std::mutex> lock(f.mu);
+  *dptr = reinterpret_cast<CUdeviceptr>(memory);
+  f.plain_allocs[*dptr] = memory;
+  return CUDA_SUCCESS;
+}
+
+FAKE_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr) {
+  FAKE_COUNT();
+  if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  Fake& f = F();
+  std::lock_guard<std::mutex> lock(f.mu);
+  auto it = f.plain_allocs.find(dptr);
+  if (it == f.plain_allocs.end()) return CUDA_ERROR_INVALID_VALUE;
+  std::free(it->second);
+  f.plain_allocs.erase(it);
   return CUDA_SUCCESS;
 }
 

@@ -827,6 +827,93 @@ TEST(forwarded_pool_calls_stay_with_the_driver) {
   Ready(0);
 }
 
+// The figure after `"outside_pool": {"<field>": ` in the status.
+long long Outside(const std::string& field) {
+  const std::string status = Status();
+  const std::size_t at = status.find("\"outside_pool\": {");
+  return at == std::string::npos ? -1 : JsonInt(status.substr(at), field);
+}
+
+TEST(memory_outside_the_lakes_is_counted_and_traced) {
+  const Cuda& cu = Cu();
+  const bool active = InactiveBecause() == nullptr;
+  const Device d = Ready(0);
+  const CUstream s = NewStream();
+  auto* alloc = Sym<CUresult(CUdeviceptr*, std::size_t)>(g_libcuda,
+                                                          "cuMemAlloc_v2");
+  auto* free_ = Sym<CUresult(CUdeviceptr)>(g_libcuda, "cuMemFree_v2");
+  auto* create = Sym<CUresult(CUmemGenericAllocationHandle*, std::size_t,
+                              const CUmemAllocationProp*, unsigned long long)>(
+      g_libcuda, "cuMemCreate");
+  auto* release =
+      Sym<CUresult(CUmemGenericAllocationHandle)>(g_libcuda, "cuMemRelease");
+  REQUIRE(alloc != nullptr && free_ != nullptr && create != nullptr &&
+          release != nullptr);
+  const std::string trace = TempPath("outside.jsonl");
+  REQUIRE_EQ(Api<decltype(jaxlake_shim_trace_start)>(
+                 "jaxlake_shim_trace_start")(trace.c_str(), "outside"),
+             0);
+  const long long base = Outside("current");
+  REQUIRE(base >= 0);
+  CHECK_EQ(Outside("peak"), base);  // the trace's start resets the peak
+  const long long bytes = HookCount("cuMemAlloc_v2", "forwarded_bytes");
+
+  CUdeviceptr a = 0, b = 0;
+  REQUIRE_EQ(alloc(&a, 3 * kMiB), CUDA_SUCCESS);
+  CHECK_EQ(FakeCalls("cuMemAlloc_v2"), 1u);
+  CHECK_EQ(HookCount("cuMemAlloc_v2", "forwarded_bytes"),
+           bytes + static_cast<long long>(3 * kMiB));
+  CUmemAllocationProp prop{};
+  prop.type = CU_MEM_ALLOCATION_TYPE_PINNED;
+  prop.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+  prop.location.id = 0;
+  CUmemGenericAllocationHandle h = 0;
+  REQUIRE_EQ(create(&h, 2 * kMiB, &prop, 0), CUDA_SUCCESS);
+  CHECK_EQ(Outside("current"), base + static_cast<long long>(5 * kMiB));
+  CHECK_EQ(free_(a), CUDA_SUCCESS);
+  REQUIRE_EQ(alloc(&b, kMiB), CUDA_SUCCESS);
+  CHECK_EQ(Outside("current"), base + static_cast<long long>(3 * kMiB));
+  // A failed free takes nothing off.
+  CHECK_EQ(free_(0x1234), CUDA_ERROR_INVALID_VALUE);
+  CHECK_EQ(Outside("current"), base + static_cast<long long>(3 * kMiB));
+  // A pool allocation the shim forwards (device 2 has no lake) counts
+  // until its free; one the lake serves, and the lake's own cuMemCreate
+  // calls behind it, do not.
+  const Device other = Ready(2);
+  CUdeviceptr p = 0;
+  REQUIRE_EQ(cu.MemAllocFromPoolAsync(&p, kMiB, other.pool, s),
+             CUDA_SUCCESS);
+  CHECK_EQ(Outside("current"), base + static_cast<long long>(4 * kMiB));
+  CHECK_EQ(cu.MemFreeAsync(p, s), CUDA_SUCCESS);
+  Ready(0);
+  EmptyCache(-1);  // the lake has to grow for the allocation below
+  const auto created = CreatedBytes(0);
+  CUdeviceptr q = 0;
+  REQUIRE_EQ(cu.MemAllocFromPoolAsync(&q, 8 * kMiB, d.pool, s),
+             CUDA_SUCCESS);
+  if (active) CHECK(CreatedBytes(0) > created);  // the lake grew
+  CHECK_EQ(Outside("current"),
+           base + static_cast<long long>((active ? 3 : 11) * kMiB));
+  CHECK_EQ(cu.MemFreeAsync(q, s), CUDA_SUCCESS);
+  CHECK_EQ(release(h), CUDA_SUCCESS);
+  CHECK_EQ(free_(b), CUDA_SUCCESS);
+  CHECK_EQ(Outside("current"), base);
+  const long long peak = base + static_cast<long long>(
+                                    (active ? 5 : 11) * kMiB);
+  CHECK_EQ(Outside("peak"), peak);
+  CHECK(Outside("allocations") >= 4);
+  Api<decltype(jaxlake_shim_trace_stop)>("jaxlake_shim_trace_stop")();
+
+  // The header carries the peak since the trace started.
+  const std::vector<std::string> lines = ReadLines(trace);
+  REQUIRE(!lines.empty());
+  CHECK_EQ(JsonInt(lines[0], "outside_pool_bytes"), peak);
+  CHECK(lines[0].find("\"meta\": {\"outside_pool_bytes\": ") !=
+        std::string::npos);
+  CHECK_EQ(lines[0].substr(lines[0].size() - 2), "}}");
+  ::unlink(trace.c_str());
+}
+
 TEST(each_device_gets_its_own_lake) {
   const Cuda& cu = Cu();
   const Device d1 = Ready(1);
@@ -1040,6 +1127,29 @@ TEST(get_proc_address_answers_capture_names_with_the_shim) {
     CHECK_EQ(cu.GetProcAddress_v2(c.name, &fn, 12080, c.flags, nullptr),
              CUDA_SUCCESS);
     CHECK(fn != nullptr && fn == ::dlsym(g_shim, c.want));
+  }
+}
+
+TEST(get_proc_address_answers_allocation_names_with_the_shim) {
+  // The entry points whose memory the shim counts as outside the lakes
+  // (those the fake driver has: cuMemAlloc_v2, cuMemFree_v2, cuMemCreate,
+  // cuMemRelease).
+  const Cuda& cu = Cu();
+  struct Case {
+    const char* name;
+    const char* want;
+  };
+  const Case cases[] = {
+      {"cuMemAlloc", "cuMemAlloc_v2"},   {"cuMemAlloc_v2", "cuMemAlloc_v2"},
+      {"cuMemFree", "cuMemFree_v2"},     {"cuMemCreate", "cuMemCreate"},
+      {"cuMemRelease", "cuMemRelease"},
+  };
+  for (const Case& c : cases) {
+    void* fn = nullptr;
+    CHECK_EQ(cu.GetProcAddress_v2(c.name, &fn, 12080, 0, nullptr),
+             CUDA_SUCCESS);
+    CHECK(fn != nullptr && fn == ::dlsym(g_shim, c.want));
+    CHECK(fn != ::dlsym(g_fake, c.want));
   }
 }
 

@@ -259,31 +259,14 @@ def record(engine: str, argv: Sequence[str], trace: str, gpu: Gpu,
 
 # -- memory outside the pool -------------------------------------------------
 
-#: The hooked entry points whose forwarded calls take device memory
-#: outside XLA's pool (the shim's hook counts).
-OUTSIDE_POOL_CALLS = ("cuMemAlloc_v2", "cuMemAlloc", "cuMemAllocPitch_v2",
-                      "cuMemAllocManaged", "cuMemAllocAsync",
-                      "cuMemAllocFromPoolAsync", "cuMemCreate")
-
-
 def outside_pool(meta: Dict[str, Any]) -> Optional[int]:
-    """Device bytes XLA took outside its pool while recording, from the
-    trace header's meta: "outside_pool_bytes", else the sum of
-    "forwarded_bytes" over the allocating entries of its "hooks" counts.
-    None when the trace says nothing about it (the recorder's)."""
+    """Device bytes the program took outside XLA's pool while recording:
+    the "outside_pool_bytes" of the trace header's meta, which the shim
+    writes (the peak of the memory it forwarded to the driver: cuMemAlloc,
+    cuMemCreate, pools other than the lake's; cc/shim/README.md). None when
+    the trace says nothing about it (the recorder's, or a shim trace whose
+    program died before its first flush)."""
     value = meta.get("outside_pool_bytes")
     if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
         return value
-    hooks = meta.get("hooks")
-    if isinstance(hooks, dict):
-        total = 0
-        seen = False
-        for name in OUTSIDE_POOL_CALLS:
-            entry = hooks.get(name)
-            if isinstance(entry, dict) and isinstance(
-                    entry.get("forwarded_bytes"), int):
-                total += int(entry["forwarded_bytes"])
-                seen = True
-        if seen:
-            return total
     return None

@@ -30,14 +30,13 @@ def _granules(nbytes: int) -> int:
                nbytes // _replay.GRANULARITY * _replay.GRANULARITY)
 
 
-def capacities(memory: int, policies: Sequence[str],
-               fraction: Optional[float] = None,
-               lake_capacity: Optional[Any] = None,
-               outside: int = 0) -> Dict[str, int]:
-    """Each policy's capacity in bytes: the device memory times `fraction`
-    (XLA's 0.75 when None), less the memory XLA takes outside its pool;
-    jaxlake's is the lake's own `capacity` option when given (bytes, or a
-    fraction of the device memory)."""
+def budgets(memory: int, policies: Sequence[str],
+            fraction: Optional[float] = None,
+            lake_capacity: Optional[Any] = None) -> Dict[str, int]:
+    """Each policy's share of the device memory in bytes, before the memory
+    outside the pool comes off: the device memory times `fraction` (XLA's
+    0.75 when None); jaxlake's is the lake's own `capacity` option when
+    given (bytes, or a fraction of the device memory)."""
     share = XLA_FRACTION if fraction is None else fraction
     base = int(memory * share)
     out: Dict[str, int] = {}
@@ -46,8 +45,18 @@ def capacities(memory: int, policies: Sequence[str],
         if name == "jaxlake" and lake_capacity is not None:
             nbytes = int(memory * lake_capacity) if isinstance(
                 lake_capacity, float) else int(lake_capacity)
-        out[name] = _granules(nbytes - outside)
+        out[name] = nbytes
     return out
+
+
+def capacities(memory: int, policies: Sequence[str],
+               fraction: Optional[float] = None,
+               lake_capacity: Optional[Any] = None,
+               outside: int = 0) -> Dict[str, int]:
+    """Each policy's capacity in bytes: its budget (budgets()) less the
+    memory XLA takes outside its pool, down to whole granules."""
+    return {name: _granules(nbytes - outside) for name, nbytes in
+            budgets(memory, policies, fraction, lake_capacity).items()}
 
 
 @dataclasses.dataclass
@@ -64,9 +73,13 @@ class Fitter:
     """Makes each value's trace once and replays it for any policy."""
 
     def __init__(self, make_trace: Callable[[int], str],
-                 capacity: Dict[str, int]) -> None:
+                 budget: Dict[str, int], reserve: int = 0) -> None:
         self.make_trace = make_trace
-        self.capacity = capacity
+        # Each policy's bytes before what lies outside the pool comes off:
+        # `reserve`, and the memory outside XLA's pool that the value's own
+        # trace reports.
+        self.budget = budget
+        self.reserve = reserve
         self.traces: Dict[int, tracefile.Trace] = {}
         self.info: Dict[int, TraceInfo] = {}
         self.probes: Dict[str, Dict[int, Probe]] = {}
@@ -87,12 +100,18 @@ class Fitter:
                 _engine.outside_pool(trace.meta))
         return self.traces[value]
 
+    def capacity(self, policy: str, value: int) -> int:
+        """The policy's capacity for this value's trace."""
+        self.trace(value)
+        outside = self.info[value].outside_pool or 0
+        return _granules(self.budget[policy] - self.reserve - outside)
+
     def probe(self, policy: str, value: int) -> Probe:
         done = self.probes.setdefault(policy, {})
         if value in done:
             return done[value]
         trace = self.trace(value)
-        cap = self.capacity[policy]
+        cap = self.capacity(policy, value)
         live = self.info[value].peak_live
         self.replays += 1
         result = _replay.replay(trace, policy, cap, timeline_points=0,
@@ -211,7 +230,10 @@ def fit(argv: Sequence[str], vary: Vary, values: Sequence[int],
 
     def engine_trace(value: int) -> str:
         command = substitute(argv, vary, value)
-        key = hashlib.sha1(json.dumps([engine, gpu.fake_model, command])
+        # The fake GPU's model is part of its trace; the recorder's traces
+        # are the same for every GPU (its compile is an H100's).
+        model = gpu.fake_model if engine == "fake-gpu" else ""
+        key = hashlib.sha1(json.dumps([engine, model, command])
                            .encode()).hexdigest()[:12]
         path = os.path.join(folder, f"{vary.name}-{value}-{key}.jsonl")
         label = f"{vary.name}={value}"
@@ -222,13 +244,13 @@ def fit(argv: Sequence[str], vary: Vary, values: Sequence[int],
         _engine.record(engine, command, path, gpu, label, progress)
         return path
 
-    # The first trace says how much memory XLA takes outside its pool.
-    fitter = Fitter(make_trace or engine_trace, {})
-    fitter.trace(values[0])
-    outside = fitter.info[values[0]].outside_pool
-    taken = reserve + (outside or 0)
-    cap = capacities(gpu.memory, names, fraction, lake_capacity, taken)
-    fitter.capacity = cap
+    # Each value's replays have the capacity less the memory outside XLA's
+    # pool that its own trace reports; the report's capacities are the
+    # first value's.
+    fitter = Fitter(make_trace or engine_trace,
+                    budgets(gpu.memory, names, fraction, lake_capacity),
+                    reserve)
+    cap = {name: fitter.capacity(name, values[0]) for name in names}
     fits = [search_policy(values, _prober(fitter, name), name, cap[name])
             for name in names]
     infos = [fitter.info[v] for v in sorted(fitter.info)]
@@ -248,8 +270,29 @@ def fit(argv: Sequence[str], vary: Vary, values: Sequence[int],
 
 LIMITS = (
     "limits: the fake GPU runs no kernel, so workspaces cuBLAS, cuDNN or "
-    "NCCL size at run time are not in the trace; the recorder sees only "
-    "what its recorded functions allocate (docs/design.md, `jaxlake fit`)")
+    "NCCL size at run time are not in the trace; memory outside XLA's pool "
+    "is what the shim passed on to the driver, not what the driver takes "
+    "for itself (contexts, modules); the recorder sees only what its "
+    "recorded functions allocate (docs/design.md, `jaxlake fit`)")
+
+
+def outside_line(report: FitReport) -> str:
+    """What the traces say of the memory XLA took outside its pool."""
+    if report.outside_pool is None:
+        return ("memory outside XLA's pool: not reported by the traces (the "
+                "recorder's do not say); not subtracted")
+    figures = sorted({t.outside_pool for t in report.traces
+                      if t.outside_pool is not None})
+    each = (size_range(figures[0], figures[-1]) if len(figures) > 1
+            else format_size(figures[0]))
+    return (f"memory outside XLA's pool: {each} (the peak of the device "
+            "memory the program took through the shim outside the lake: "
+            "cuMemAlloc, cuMemCreate, other pools); subtracted from every "
+            "capacity, each value its own trace's")
+
+
+def size_range(lo: int, hi: int) -> str:
+    return f"{format_size(lo)} to {format_size(hi)}"
 
 
 def format_report(report: FitReport) -> str:
@@ -259,14 +302,12 @@ def format_report(report: FitReport) -> str:
     lines = [
         f"jaxlake fit: largest {v} on {report.gpu.name} "
         f"({size(report.gpu.memory)}; capacity {report.fraction:g} of it"
-        + (f", less {size(report.outside_pool)} XLA takes outside its pool"
-           if report.outside_pool else "") + "), engine " + report.engine,
+        + (", less the memory XLA takes outside its pool"
+           if report.outside_pool is not None else "")
+        + "), engine " + report.engine,
+        outside_line(report),
         "capacity: " + ", ".join(f"{n} {size(c)}"
                                  for n, c in report.capacity.items()), ""]
-    if report.outside_pool is None:
-        lines.insert(1, "memory outside XLA's pool: not reported by the "
-                        "traces (the recorder's do not say); not "
-                        "subtracted")
     header = ("policy", f"largest {v}", "peak live", "peak reserved", "U",
               "headroom", f"next {v}: why it fails")
     rows: List[List[str]] = []
