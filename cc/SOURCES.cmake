@@ -13,6 +13,7 @@ set(JAXLAKE_LAKE_SOURCES
   cc/lake/lake.cc
   cc/lake/arena.cc
   cc/lake/small_pool.cc
+  cc/lake/span.cc
   cc/lake/stitch.cc
   cc/lake/streams.cc
   cc/lake/reclaim.cc

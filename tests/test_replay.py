@@ -262,14 +262,16 @@ def test_replay_figures(tmp_path: pathlib.Path) -> None:
     assert r.peak_reserved == 16 * MIB
     assert r.waste == 16 * MIB - r.peak_live
     assert r.utilisation == pytest.approx(r.peak_live / (16 * MIB))
-    assert r.calls["create"] == 3 and r.memory_calls == 6
+    # Each cudaMalloc: create, map and set_access (its memory is accessible).
+    assert r.calls["create"] == 3 and r.calls["set_access"] == 3
+    assert r.memory_calls == 9
     assert (r.events, r.allocs, r.frees) == (4, 3, 1)
     assert r.oom is None and r.capacity is None
     assert r.timeline_live == [3 * MIB, 3 * MIB + 1000, 1000, 5 * MIB + 1000]
     assert r.median_ns >= 0 and r.events_per_s > 0
     data = r.to_json()
     json.dumps(data)
-    assert data["memory_calls"] == 6
+    assert data["memory_calls"] == 9
 
 
 def test_timing_rounds_pool_call_times(tmp_path: pathlib.Path) -> None:

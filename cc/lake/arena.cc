@@ -232,6 +232,7 @@ Status Lake::Impl::CreateSegment(std::unique_lock<std::mutex>& lk,
   seg.va = va;
   seg.nchunks = n;
   seg.range = base;
+  seg_by_va.emplace(va, id);
   Block b;
   b.end = n * cu;
   IndexAdd(id, 0, seg.blocks.emplace(0, b).first->second);
@@ -255,6 +256,22 @@ bool Lake::Impl::ClaimCapacity(std::uint64_t n) {
   if (n > capacity / gran || held + bytes > capacity) return false;
   pending_bytes += bytes;
   return true;
+}
+
+// Claims capacity for a growth that needs `need` chunks: a larger segment
+// where the capacity left allows it (at least grow_min bytes, and at least
+// 1/kGrowAhead of what the lake holds, at most `most`), else `need`.
+// Returns the chunks claimed, 0 when the capacity forbids even `need`.
+std::uint64_t Lake::Impl::ClaimGrowth(std::uint64_t need, std::uint64_t most) {
+  const std::uint64_t want = std::max<std::uint64_t>(
+      opt.grow_min / gran, HeldBytes() / gran / kGrowAhead);
+  if (want > need) {
+    const std::size_t held = HeldBytes();
+    const std::uint64_t left = held < capacity ? (capacity - held) / gran : 0;
+    const std::uint64_t bigger = std::min({want, left, most});
+    if (bigger > need && ClaimCapacity(bigger)) return bigger;
+  }
+  return ClaimCapacity(need) ? need : 0;
 }
 
 // A free block of >= n chunks usable by stream s (best fit), or false.
@@ -293,23 +310,8 @@ Status Lake::Impl::ClaimPrimary(std::unique_lock<std::mutex>& lk,
     *how = len == n ? AllocState::fit : AllocState::split;
     return Status::kOk;
   }
-  std::uint64_t chunks = ChunkUp(n) / cu;
-  // A larger segment where the capacity left allows it: at least grow_min
-  // bytes, and at least 1/kGrowAhead of what the lake holds.
-  const std::uint64_t want = std::max<std::uint64_t>(
-      opt.grow_min / gran, HeldBytes() / gran / kGrowAhead);
-  if (want > chunks) {
-    const std::size_t held = HeldBytes();
-    const std::uint64_t left = held < capacity ? (capacity - held) / gran : 0;
-    const std::uint64_t bigger = std::min<std::uint64_t>(want, left);
-    if (bigger > chunks && ClaimCapacity(bigger)) {
-      chunks = bigger;
-    } else if (!ClaimCapacity(chunks)) {
-      return Status::kOutOfMemory;
-    }
-  } else if (!ClaimCapacity(chunks)) {
-    return Status::kOutOfMemory;
-  }
+  const std::uint64_t chunks = ClaimGrowth(ChunkUp(n) / cu);
+  if (chunks == 0) return Status::kOutOfMemory;
   Status cs = CreateSegment(lk, chunks, seg_out);
   if (cs != Status::kOk) return cs;
   Carve(*seg_out, 0, n, state, owner);

@@ -34,6 +34,29 @@ std::string Lake::Impl::Check() const {
       e << "stitched range " << id << " lends more chunks than it maps";
       return e.str();
     }
+    // An alias maps nothing: its pieces are contiguous at their primary
+    // addresses in one growth range, it starts at the first one's, and it
+    // lives only while it is lent (it is dropped at its free).
+    if (r.alias && (!BackToBack(r.pieces) ||
+                    r.va != segs.at(r.pieces[0].seg).va +
+                                std::size_t{r.pieces[0].start} * unit ||
+                    r.cached || r.mapping || r.used == 0)) {
+      e << "alias range " << id
+        << " is not back to back at its pieces, or is cached or unused";
+      return e.str();
+    }
+  }
+  // The address index of the segments names each segment once, at its VA.
+  if (seg_by_va.size() != segs.size()) {
+    e << "segment address index has " << seg_by_va.size() << " entries for "
+      << segs.size() << " segments";
+    return e.str();
+  }
+  for (const auto& [va, id] : seg_by_va) {
+    if (!segs.contains(id) || segs.at(id).va != va) {
+      e << "segment address index names segment " << id << " at " << va;
+      return e.str();
+    }
   }
   for (auto [id, seg] : segs) {
     reserved += std::size_t{seg.nchunks} * gran;

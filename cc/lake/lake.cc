@@ -79,7 +79,11 @@ Status Lake::Impl::LargeOnce(std::unique_lock<std::mutex>& lk, std::uint64_t n,
     }
   }
   if (!found) {
-    Status r = TryStitch(lk, n, s, size, addr, state);
+    Status r = TrySpan(lk, n, s, size, addr, state);
+    if (r != Status::kOutOfMemory) return r;
+    r = TryStitch(lk, n, s, size, addr, state);
+    if (r != Status::kOutOfMemory) return r;
+    r = TryEdgeGrow(lk, n, s, size, addr, state);
     if (r != Status::kOutOfMemory) return r;
   }
   std::uint64_t seg = 0, start = 0;
@@ -118,6 +122,7 @@ Lake::~Lake() {
     if (m.Teardown(u, nullptr) != Status::kOk) m.Keep(std::move(u));
   }
   m.segs.clear();
+  m.seg_by_va.clear();
   // The growth ranges' reservations, once their segments are unmapped.
   for (const auto& [va, g] : m.ranges) {
     Unreleased u;
@@ -202,6 +207,17 @@ Status Lake::free(std::uintptr_t address, Stream stream) {
       });
       r.used = 0;
       r.tag = tag;
+      if (r.alias) {
+        // Nothing is mapped for it: it is not cached but dropped at once
+        // (its units go back to their segments' blocks, where a fit or a
+        // span finds them again), and pins no segment.
+        m.StitchRefs(r, -1);
+        m.st.stitched_bytes.add(
+            -static_cast<std::int64_t>(std::size_t{r.nunits} * m.unit));
+        m.stitched.erase(a.owner);
+        for (const Piece& p : used) m.MakeFree(p.seg, p.start, tag);
+        break;
+      }
       r.cached = true;
       m.lru.push_front(a.owner);
       r.lru = m.lru.begin();

@@ -21,12 +21,16 @@
 // Allocation order for a request of n units on stream s:
 //   fit/split     a free block usable by s with >= n units (best fit)
 //   stitch reuse  a cached stitched range whose n units are all free
+//   span          a free run across back-to-back segments (tail of one,
+//                 wholly free ones, head of the next): an alias, no call
 //   stitch        the whole free chunks of free blocks, largest first,
 //                 mapped into a new range; a free block that ends at a
 //                 chunk boundary may lead it when that saves a chunk
 //   stitch grow   as above, creating only the shortfall as a new segment
 //                 (placed after the newest segment: a free tail at the
 //                 growth edge and the shortfall need no stitched mapping)
+//   edge grow     a new segment right after the free run at the growth
+//                 edge, spanned with it, when that saves a chunk
 //   grow          a new segment of the whole chunks n units need, and at
 //                 least 1/16 of what the lake holds where the capacity left
 //                 allows (the rest stays free)

@@ -48,6 +48,9 @@ struct Lake::Impl {
   // Growth ranges by base address; new segments go into `current_range`
   // (0: none yet), back to back (docs/design.md, "Growth").
   std::map<std::uintptr_t, GrowthRange> ranges;
+  // Segments by primary address: the neighbours of a segment in its growth
+  // range, for free runs that cross segment boundaries.
+  std::map<std::uintptr_t, std::uint64_t> seg_by_va;
   std::uintptr_t current_range = 0;
   std::list<std::uint64_t> lru;  // cached stitched ids, most recent first
   std::unordered_map<std::uint64_t, Slab> slabs;
@@ -180,6 +183,8 @@ struct Lake::Impl {
   // the capacity left allows (docs/design.md, "Growth").
   static constexpr std::uint64_t kGrowAhead = 16;
   bool ClaimCapacity(std::uint64_t n);
+  std::uint64_t ClaimGrowth(std::uint64_t need,
+                            std::uint64_t most = ~std::uint64_t{0});
   // Physical bytes held or claimed (what the capacity is checked against).
   std::size_t HeldBytes() const;
   bool FindFit(std::uint64_t n, Stream s, FreeKey* out) const;
@@ -282,6 +287,37 @@ struct Lake::Impl {
   Status TryStitch(std::unique_lock<std::mutex>& lk, std::uint64_t n,
                    Stream s, std::size_t size, std::uintptr_t* addr,
                    AllocState* state);
+  Status StitchPlan(std::unique_lock<std::mutex>& lk, std::vector<Piece> plan,
+                    std::uint64_t lead, std::uint64_t got, std::uint64_t n,
+                    Stream s, std::size_t size, std::uintptr_t* addr,
+                    AllocState* state, bool grow_ahead,
+                    std::uint64_t most = ~std::uint64_t{0});
+
+  // ---- free runs across back-to-back segments (span.cc) ----------------
+  // The segment right after seg_id in its growth range (0: none).
+  std::uint64_t NextInRange(std::uint64_t seg_id) const;
+  // The start of seg_id's last block when it is free and usable by s.
+  bool LastFree(std::uint64_t seg_id, Stream s, std::uint64_t* start) const;
+  // The end of seg_id's first block when it is free and usable by s.
+  bool FirstFree(std::uint64_t seg_id, Stream s, std::uint64_t* end) const;
+  // The plan of a run starting at unit `start` of seg_id, covering up to n
+  // units across the following segments; returns the units covered.
+  std::uint64_t PlanRun(std::uint64_t seg_id, std::uint64_t start,
+                        std::uint64_t n, Stream s, std::vector<Piece>* plan,
+                        std::uint64_t* lead) const;
+  // The smallest free run of at least n units usable by s that crosses a
+  // segment boundary; false when there is none.
+  bool FindSpan(std::uint64_t n, Stream s, std::uint64_t* seg_out,
+                std::uint64_t* start_out) const;
+  // The free run that ends at the current growth range's edge (the end of
+  // its newest segment), where a new segment would be placed.
+  bool EdgeRun(Stream s, std::uint64_t* seg_out,
+               std::uint64_t* start_out) const;
+  Status TrySpan(std::unique_lock<std::mutex>& lk, std::uint64_t n, Stream s,
+                 std::size_t size, std::uintptr_t* addr, AllocState* state);
+  Status TryEdgeGrow(std::unique_lock<std::mutex>& lk, std::uint64_t n,
+                     Stream s, std::size_t size, std::uintptr_t* addr,
+                     AllocState* state);
 
   // ---- the large-request states in allocation order (lake.cc) ----------
   Status LargeOnce(std::unique_lock<std::mutex>& lk, std::uint64_t n,

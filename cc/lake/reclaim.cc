@@ -126,7 +126,10 @@ std::size_t Lake::Impl::ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
     }
   }
   std::vector<std::unique_ptr<Segment>> doomed;
-  for (std::uint64_t id : ids) doomed.push_back(segs.remove(id));
+  for (std::uint64_t id : ids) {
+    doomed.push_back(segs.remove(id));
+    seg_by_va.erase(doomed.back()->va);
+  }
   // A growth range left with no segment (a failed growth emptied it) is
   // freed too.
   std::vector<std::pair<std::uintptr_t, std::size_t>> empty;

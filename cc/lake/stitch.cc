@@ -263,9 +263,33 @@ Status Lake::Impl::TryStitch(std::unique_lock<std::mutex>& lk, std::uint64_t n,
               });
     if (BackToBack(sorted)) plan = std::move(sorted);
   }
+  if (got < n && !opt.stitch_grow) return Status::kOutOfMemory;
+  return StitchPlan(lk, std::move(plan), lead, got, n, s, size, addr, state,
+                    /*grow_ahead=*/false);
+}
+
+// Serves n units from a plan: pieces whose first `got` units after `lead`
+// are free and usable by s, in range order (a stitch's plan, or a free run
+// across back-to-back segments), plus a new segment for the shortfall when
+// got < n. With grow_ahead, that segment is sized as a growth (ClaimGrowth:
+// at least 1/16 of what the lake holds, at most `most` chunks); the rest
+// of it stays free. The
+// range is an alias when its pieces lie back to back, else it is mapped.
+// kOutOfMemory when the shortfall cannot be claimed (nothing changed).
+Status Lake::Impl::StitchPlan(std::unique_lock<std::mutex>& lk,
+                              std::vector<Piece> plan, std::uint64_t lead,
+                              std::uint64_t got, std::uint64_t n, Stream s,
+                              std::size_t size, std::uintptr_t* addr,
+                              AllocState* state, bool grow_ahead,
+                              std::uint64_t most) {
+  got = std::min(got, n);
   const std::uint64_t shortfall = got < n ? ChunkUp(n - got) / cu : 0;
-  if (shortfall > 0 && (!opt.stitch_grow || !ClaimCapacity(shortfall)))
-    return Status::kOutOfMemory;
+  std::uint64_t create = 0;  // chunks of the new segment
+  if (shortfall > 0) {
+    create = grow_ahead ? ClaimGrowth(shortfall, most)
+                        : (ClaimCapacity(shortfall) ? shortfall : 0);
+    if (create == 0) return Status::kOutOfMemory;
+  }
   bool grew = false;
   const std::uint64_t id = next_id++;
   Stitched& r0 = stitched[id];
@@ -284,7 +308,7 @@ Status Lake::Impl::TryStitch(std::unique_lock<std::mutex>& lk, std::uint64_t n,
   StitchRefs(r0, +1);
   if (shortfall > 0) {
     std::uint64_t seg_id = 0;
-    Status cs = CreateSegment(lk, shortfall, &seg_id);
+    Status cs = CreateSegment(lk, create, &seg_id);
     if (cs != Status::kOk) {
       AbandonStitched(id, tags);
       return cs;

@@ -156,13 +156,16 @@ TEST(fit_split_and_stitch_reuse) {
   CHECK_EQ(e, a);
   CHECK(lake.free(c, 0) == Status::kOk);
   // Free now: 8 MiB behind e, and the 18 MiB segment.
+  // The two lie back to back: one free run across the segments' boundary,
+  // served as an alias (no map).
+  const auto maps = drv.calls(Call::map);
   auto f = Alloc(lake, 26 * kMiB, &how);
   CHECK(how == AllocState::stitch);
-  const auto maps = drv.calls(Call::map);
+  CHECK_EQ(drv.calls(Call::map), maps);
   CHECK(lake.free(f, 0) == Status::kOk);
-  // A smaller request reuses the cached range's leading chunks.
+  // An alias is dropped at its free; a smaller request takes the same run.
   auto g = Alloc(lake, 20 * kMiB, &how);
-  CHECK(how == AllocState::stitch_reuse);
+  CHECK(how == AllocState::stitch);
   CHECK_EQ(g, f);
   CHECK_EQ(drv.calls(Call::map), maps);  // reuse maps nothing
   CHECK_EQ(lake.stats().bytes_in_use_rounded.current,
@@ -342,15 +345,16 @@ TEST(driver_failures_roll_back) {
   }
   drv.fail(Call::create);
   std::uintptr_t p = 0;
-  lake.free(blocks[1], 0);
   CHECK(lake.allocate(80 * kMiB, 0, &p) == Status::kOutOfMemory);
   CHECK_EQ(lake.check(), std::string());
   AllocState how{};
+  // The free blocks are not adjacent (live ones between): a mapped stitch.
   auto big = Alloc(lake, 24 * kMiB, &how);
   CHECK(how == AllocState::stitch);
   Fill(big, 24 * kMiB, 7);
   CHECK(Holds(big, 24 * kMiB, 7));
   CHECK_EQ(host.mapped_bytes(), 64 * kMiB + 24 * kMiB);
+  CHECK(lake.free(blocks[1], 0) == Status::kOk);
   CHECK_EQ(lake.check(), std::string());
 }
 
@@ -672,10 +676,13 @@ TEST(back_to_back_stitch_maps_nothing) {
   CHECK(Holds(b, 6 * kMiB, 0x5A));
   CHECK_EQ(lake.check(), std::string());
   CHECK(lake.free(b, 0) == Status::kOk);
-  // Cached, then reused without a driver call; dropping it unmaps nothing.
+  // An alias is not cached: its free drops it at once (nothing to unmap),
+  // and the same free run, across the two segments, serves the next
+  // request again without a driver call.
+  CHECK_EQ(lake.stats().stitched_bytes.current, 0);
   const auto calls0 = drv.calls();
   auto b2 = Alloc(lake, 6 * kMiB, &how);
-  CHECK(how == AllocState::stitch_reuse);
+  CHECK(how == AllocState::stitch);
   CHECK_EQ(b2, b);
   CHECK(drv.calls() == calls0);
   CHECK(lake.free(b2, 0) == Status::kOk);
@@ -684,6 +691,118 @@ TEST(back_to_back_stitch_maps_nothing) {
   CHECK_EQ(drv.calls()[static_cast<int>(Call::unmap)],
            calls0[static_cast<int>(Call::unmap)] + 3);  // the 3 segments
   CHECK_EQ(drv.reserved_bytes(), 0u);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+// A request that no free block fits is served from a free run that
+// crosses back-to-back segments (the free tail of one, a wholly free one,
+// the free head of the next): an alias, no driver call. While it is live
+// none of the segments it covers is released, even once everything else
+// in them is freed; after its free they all go.
+TEST(free_run_across_segments_serves_without_a_driver_call) {
+  jaxlake::vmm::HostDriver drv(Small());
+  Lake lake(drv, LakeOptions{});
+  auto x = Alloc(lake, 3 * kMiB / 2);  // segment 1: 1 chunk, 0.5 MiB free
+  auto m = Alloc(lake, 2 * kMiB);      // segment 2: 1 chunk
+  auto y = Alloc(lake, kMiB);          // segment 3: 1 chunk, 1 MiB free
+  auto z = Alloc(lake, kMiB);          // the rest of segment 3
+  CHECK_EQ(m, x + 2 * kMiB);
+  CHECK_EQ(y, m + 2 * kMiB);
+  CHECK_EQ(z, y + kMiB);
+  CHECK(lake.free(m, 0) == Status::kOk);
+  CHECK(lake.free(y, 0) == Status::kOk);
+  // Free: 0.5 MiB + 2 MiB + 1 MiB, contiguous; no single block of 3 MiB.
+  const auto calls0 = drv.calls();
+  AllocState how{};
+  auto s = Alloc(lake, 3 * kMiB, &how);
+  CHECK(how == AllocState::stitch);
+  CHECK_EQ(s, x + 3 * kMiB / 2);
+  CHECK(drv.calls() == calls0);
+  CHECK(drv.accessible(s, 3 * kMiB));
+  Fill(s, 3 * kMiB, 0x3C);
+  Fill(x, 3 * kMiB / 2, 0x11);
+  Fill(z, kMiB, 0x22);
+  CHECK(Holds(s, 3 * kMiB, 0x3C));
+  CHECK_EQ(lake.check(), std::string());
+  CHECK(lake.free(x, 0) == Status::kOk);
+  CHECK(lake.free(z, 0) == Status::kOk);
+  CHECK_EQ(lake.empty_cache(), 0u);  // s covers all three segments
+  CHECK(Holds(s, 3 * kMiB, 0x3C));
+  CHECK_EQ(lake.check(), std::string());
+  CHECK(lake.free(s, 0) == Status::kOk);
+  CHECK_EQ(lake.stats().stitched_bytes.current, 0);
+  CHECK_EQ(lake.empty_cache(), 6 * kMiB);
+  CHECK_EQ(drv.reserved_bytes(), 0u);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+// A run across segments is taken only when every part of it is usable by
+// the requesting stream: a head freed on another stream, not yet known
+// complete, is not.
+TEST(free_run_across_segments_respects_stream_order) {
+  jaxlake::vmm::SimDriver sim(Small());
+  Lake lake(sim, LakeOptions{});
+  auto x = Alloc(lake, 3 * kMiB / 2);  // segment 1, 0.5 MiB free tail
+  auto y = Alloc(lake, kMiB);          // segment 2
+  auto z = Alloc(lake, kMiB);          // the rest of segment 2
+  sim.hold_stream(1);
+  CHECK(lake.free(y, 1) == Status::kOk);  // in flight on stream 1
+  AllocState how{};
+  auto s = Alloc(lake, 3 * kMiB / 2, &how, 0);
+  CHECK(how != AllocState::stitch);  // not across y's units
+  CHECK(s < x || s >= z + kMiB);
+  CHECK_EQ(lake.check(), std::string());
+  sim.release_stream(1);
+  for (auto p : {x, z, s}) CHECK(lake.free(p, 0) == Status::kOk);
+  lake.empty_cache();
+  CHECK_EQ(lake.stats().bytes_reserved.current, 0);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+// A growth led by the free run at the growth edge (here with stitch_grow
+// off, so the stitch path leaves it to the edge growth): the new segment
+// lands right after the run, the request spans both as an alias. Inside
+// the growth's create (lock released) another thread grows too and frees
+// the block before the run: its segment comes after the claimed stretch,
+// nothing overlaps, and every invariant holds.
+TEST(edge_growth_spans_the_free_run_with_the_lock_released) {
+  jaxlake::vmm::HostDriver host(Small());
+  jaxlake::vmm::FaultyDriver drv(host);
+  LakeOptions o;
+  o.stitch_grow = false;
+  Lake lake(drv, o);
+  auto a = Alloc(lake, 3 * kMiB / 2);  // segment 1: 0.5 MiB free at the edge
+  std::uintptr_t c = 0;
+  int fired = 0;
+  drv.hook(Call::create, [&] {
+    ++fired;
+    CHECK_EQ(lake.check(), std::string());
+    AllocState how{};
+    CHECK(lake.allocate(kMiB, 0, &c, &how) == Status::kOk);
+    CHECK(how == AllocState::grow);
+    CHECK(lake.free(a, 0) == Status::kOk);
+    CHECK_EQ(lake.check(), std::string());
+  }, /*after=*/false);
+  const auto maps0 = host.calls()[static_cast<int>(Call::map)];
+  AllocState how{};
+  const std::size_t n = 9 * kMiB / 4;  // 2 chunks alone, 1 after the run
+  auto b = Alloc(lake, n, &how);
+  CHECK_EQ(fired, 1);
+  CHECK(how == AllocState::stitch_grow);
+  CHECK_EQ(b, a + 3 * kMiB / 2);
+  CHECK_EQ(c, a + 4 * kMiB);  // the other growth, after b's segment
+  CHECK_EQ(host.calls()[static_cast<int>(Call::map)], maps0 + 2);  // 2 segs
+  CHECK(host.accessible(b, n));
+  Fill(b, n, 0x6B);
+  Fill(c, kMiB, 0x7C);
+  CHECK(Holds(b, n, 0x6B));
+  CHECK_EQ(lake.stats().bytes_reserved.current,
+           static_cast<std::int64_t>(6 * kMiB));
+  CHECK_EQ(lake.check(), std::string());
+  CHECK(lake.free(b, 0) == Status::kOk);
+  CHECK(lake.free(c, 0) == Status::kOk);
+  CHECK_EQ(lake.empty_cache(), 6 * kMiB);
+  CHECK_EQ(host.reserved_bytes(), 0u);
   CHECK_EQ(lake.check(), std::string());
 }
 

@@ -1,0 +1,187 @@
+// jaxlake: free runs across back-to-back segments. Segments lie back to
+// back in a growth range (docs/design.md, "Growth"), so the free last block
+// of one segment, any wholly free segments after it and the free first
+// block of the next one are one run of contiguous addresses. Each segment
+// keeps its own blocks; a request served from such a run is an alias
+// stitched range over the run's chunks: nothing is reserved or mapped for
+// it, its units are lent to it in every segment it covers, and its
+// stitch_refs keep those segments from being released under it.
+#include "cc/lake/lake_impl.h"
+
+namespace jaxlake {
+
+std::uint64_t Lake::Impl::NextInRange(std::uint64_t seg_id) const {
+  const Segment& seg = segs.at(seg_id);
+  if (seg.range == 0) return 0;
+  auto it = seg_by_va.find(seg.va + std::size_t{seg.nchunks} * gran);
+  if (it == seg_by_va.end()) return 0;
+  return segs.at(it->second).range == seg.range ? it->second : 0;
+}
+
+bool Lake::Impl::LastFree(std::uint64_t seg_id, Stream s,
+                          std::uint64_t* start) const {
+  const Segment& seg = segs.at(seg_id);
+  const auto& [at, b] = *seg.blocks.rbegin();
+  if (b.state != BlockState::kFree || !Usable(b.tag, s)) return false;
+  *start = at;
+  return true;
+}
+
+bool Lake::Impl::FirstFree(std::uint64_t seg_id, Stream s,
+                           std::uint64_t* end) const {
+  const Block& b = segs.at(seg_id).blocks.begin()->second;
+  if (b.state != BlockState::kFree || !Usable(b.tag, s)) return false;
+  *end = b.end;
+  return true;
+}
+
+std::uint64_t Lake::Impl::PlanRun(std::uint64_t seg_id, std::uint64_t start,
+                                  std::uint64_t n, Stream s,
+                                  std::vector<Piece>* plan,
+                                  std::uint64_t* lead) const {
+  const std::uint64_t first = ChunkDown(start);
+  const std::uint64_t seg_end = segs.at(seg_id).nchunks * cu;
+  plan->push_back(Piece{seg_id, first, seg_end - first});
+  *lead = start - first;
+  std::uint64_t got = seg_end - start;
+  for (std::uint64_t cur = seg_id; got < n;) {
+    const std::uint64_t next = NextInRange(cur);
+    std::uint64_t end = 0;
+    if (next == 0 || !FirstFree(next, s, &end)) break;
+    const std::uint64_t whole = segs.at(next).nchunks * cu;
+    const std::uint64_t k = std::min(n - got, end);
+    plan->push_back(Piece{next, 0, k == whole ? whole : ChunkUp(k)});
+    got += k;
+    if (end != whole) break;  // the run ends inside this segment
+    cur = next;
+  }
+  return got;
+}
+
+bool Lake::Impl::FindSpan(std::uint64_t n, Stream s, std::uint64_t* seg_out,
+                          std::uint64_t* start_out) const {
+  // One pass over the segments in address order, keeping the maximal run
+  // that is open at the end of the previous segment.
+  bool found = false;
+  std::uint64_t best = 0;
+  bool open = false;
+  std::uint64_t run_seg = 0, run_start = 0, run_len = 0, run_segs = 0;
+  const Segment* prev = nullptr;
+  auto consider = [&] {
+    if (open && run_segs >= 2 && run_len >= n && (!found || run_len < best)) {
+      found = true;
+      best = run_len;
+      *seg_out = run_seg;
+      *start_out = run_start;
+    }
+  };
+  for (const auto& [va, id] : seg_by_va) {
+    const Segment& seg = segs.at(id);
+    const std::uint64_t whole = seg.nchunks * cu;
+    const bool adjacent = open && prev != nullptr && seg.range != 0 &&
+                          seg.range == prev->range &&
+                          va == prev->va + std::size_t{prev->nchunks} * gran;
+    std::uint64_t end = 0;
+    if (adjacent && FirstFree(id, s, &end)) {
+      run_len += end;
+      ++run_segs;
+      if (end == whole) {  // wholly free: the run goes on
+        prev = &seg;
+        continue;
+      }
+    }
+    consider();
+    open = LastFree(id, s, &run_start);
+    if (open) {
+      run_seg = id;
+      run_len = whole - run_start;
+      run_segs = 1;
+    }
+    prev = &seg;
+  }
+  consider();
+  return found;
+}
+
+bool Lake::Impl::EdgeRun(Stream s, std::uint64_t* seg_out,
+                         std::uint64_t* start_out) const {
+  if (current_range == 0) return false;
+  const std::uintptr_t edge = current_range + ranges.at(current_range).next;
+  auto it = seg_by_va.lower_bound(edge);
+  if (it == seg_by_va.begin()) return false;
+  --it;
+  std::uint64_t id = it->second;
+  const Segment& last = segs.at(id);
+  if (last.range != current_range ||
+      last.va + std::size_t{last.nchunks} * gran != edge)
+    return false;  // a growth in progress holds the edge
+  std::uint64_t start = 0;
+  if (!LastFree(id, s, &start)) return false;
+  // Walk back over wholly free segments that lie right before it.
+  while (start == 0 && it != seg_by_va.begin()) {
+    auto pit = std::prev(it);
+    const Segment& p = segs.at(pit->second);
+    std::uint64_t ps = 0;
+    if (p.range != current_range ||
+        p.va + std::size_t{p.nchunks} * gran != it->first ||
+        !LastFree(pit->second, s, &ps))
+      break;
+    id = pit->second;
+    start = ps;
+    it = pit;
+  }
+  *seg_out = id;
+  *start_out = start;
+  return true;
+}
+
+// A request that no single free block fits, served from a free run that
+// crosses segment boundaries: no driver call.
+Status Lake::Impl::TrySpan(std::unique_lock<std::mutex>& lk, std::uint64_t n,
+                           Stream s, std::size_t size, std::uintptr_t* addr,
+                           AllocState* state) {
+  if (!opt.stitch || size < opt.stitch_min) return Status::kOutOfMemory;
+  std::uint64_t seg = 0, start = 0;
+  if (!FindSpan(n, s, &seg, &start)) return Status::kOutOfMemory;
+  std::vector<Piece> plan;
+  std::uint64_t lead = 0;
+  const std::uint64_t got = PlanRun(seg, start, n, s, &plan, &lead);
+  assert(got >= n);
+  if (opt.max_pieces && plan.size() > opt.max_pieces)
+    return Status::kOutOfMemory;
+  return StitchPlan(lk, std::move(plan), lead, got, n, s, size, addr, state,
+                    /*grow_ahead=*/false);
+}
+
+// A growth that starts in the free run at the growth edge: the new segment
+// is placed right after it, so run + new segment are one contiguous range
+// (an alias), and the free space stays in one piece at the edge, as in a
+// single growing region. The new segment is sized as a growth.
+Status Lake::Impl::TryEdgeGrow(std::unique_lock<std::mutex>& lk,
+                               std::uint64_t n, Stream s, std::size_t size,
+                               std::uintptr_t* addr, AllocState* state) {
+  if (!opt.stitch || size < opt.stitch_min) return Status::kOutOfMemory;
+  std::uint64_t seg = 0, start = 0;
+  if (!EdgeRun(s, &seg, &start)) return Status::kOutOfMemory;
+  std::vector<Piece> plan;
+  std::uint64_t lead = 0;
+  const std::uint64_t got = PlanRun(seg, start, n, s, &plan, &lead);
+  if (got >= n) return Status::kOutOfMemory;  // FindFit/FindSpan's case
+  // Only when the run saves a chunk of the growth. Taking it always (a
+  // bump allocator's packing) moves later requests off chunk boundaries,
+  // and once they are freed their chunks are split between free and live
+  // units that a stitch cannot take (docs/benchmarks.md, "Against XLA's
+  // own allocators").
+  if (ChunkUp(n - got) == ChunkUp(n)) return Status::kOutOfMemory;
+  if (opt.max_pieces && plan.size() + 1 > opt.max_pieces)
+    return Status::kOutOfMemory;
+  // The new segment must land right after the run: the current range
+  // needs room for it (else a plain growth starts a new range).
+  const GrowthRange& g = ranges.at(current_range);
+  const std::uint64_t room = (g.bytes - g.next) / gran;
+  if (room < ChunkUp(n - got) / cu) return Status::kOutOfMemory;
+  return StitchPlan(lk, std::move(plan), lead, got, n, s, size, addr, state,
+                    /*grow_ahead=*/true, room);
+}
+
+}  // namespace jaxlake
