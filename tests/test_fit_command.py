@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List
+from typing import Dict, List, Optional, Tuple
 
 import pytest
 
@@ -453,3 +453,53 @@ def test_fake_gpu_engine_unavailable_says_so(tmp_path: Path) -> None:
     assert "the fake GPU is unavailable" in done.stderr
     assert "--engine recorder" in done.stderr
     assert "Traceback" not in done.stderr
+
+
+def test_a_value_that_runs_out_of_the_fake_device_is_a_shortage(
+        tmp_path: Path) -> None:
+    # Values up to 8 record a trace of n MiB; larger ones run out of the
+    # fake device (as XLA's client does when a batch needs more than even
+    # the oversized fake holds). The search goes on: those values are a
+    # shortage for every policy, recorded once, with the failed request.
+    calls: List[int] = []
+
+    def make(value: int) -> str:
+        calls.append(value)
+        if value > 8:
+            raise engine.OutOfFakeMemory(f"n={value}: ran out", 1 << 40,
+                                         value << 30)
+        path = tmp_path / f"f{value}.jsonl"
+        with TraceWriter(path, f"f{value}") as w:
+            w.alloc(1, value * MIB, kind="temp")
+        return str(path)
+
+    vary = Vary("n", 1, 64)
+    report = run.fit(["prog", "{n}"], vary, search.grid(vary),
+                     engine.Gpu.parse("64MiB"), ["jaxlake", "bfc"],
+                     make_trace=make)
+    for name in ("jaxlake", "bfc"):
+        fit = report.policy(name)
+        assert fit is not None and fit.largest == 8
+        failure = fit.next_failure
+        assert failure is not None and failure.value == 16
+        assert failure.reason == search.SHORTAGE and failure.beyond == 1 << 40
+        assert "ran out of a 1 TiB fake device" in \
+            failure.describe_failure()
+        assert "a request of 16 GiB" in failure.describe_failure()
+        data = failure.to_json()
+        assert data["peak_live"] is None and data["reason"] == "shortage"
+        assert data["ran_out_of_fake_device"] == 1 << 40
+    assert sorted(set(calls)) == sorted(calls)   # each value recorded once
+    run.format_report(report)   # the table prints such a failure
+
+
+@pytest.mark.parametrize("output,expected", [
+    ("jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while "
+     "trying to allocate 241.00GiB. [executable_name='jit_train_step']",
+     (True, 241 << 30)),
+    ("RESOURCE_EXHAUSTED: Out of memory allocating something", (True, None)),
+    ("Traceback ... ValueError: bad batch", (False, None)),
+])
+def test_out_of_memory_is_read_from_xlas_message(
+        output: str, expected: Tuple[bool, Optional[int]]) -> None:
+    assert engine.out_of_memory(output) == expected

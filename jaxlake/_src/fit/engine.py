@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -65,10 +66,43 @@ class FakeGpuUnavailable(FitError):
     """`jaxlake run` has no --fake-gpu, or the fake GPU cannot start."""
 
 
+class OutOfFakeMemory(FitError):
+    """The program ran out of the fake device's memory while recording.
+    That device holds several times the GPU's memory (fake_gpu_memory()),
+    so the value needs more than any policy's capacity on the GPU."""
+
+    def __init__(self, message: str, device_memory: int,
+                 request: Optional[int]) -> None:
+        super().__init__(message)
+        self.device_memory = device_memory
+        self.request = request
+
+
+#: XLA's message for a buffer its allocator could not get.
+_XLA_OOM = re.compile(r"RESOURCE_EXHAUSTED: Out of memory while trying to "
+                      r"allocate ([0-9.]+)\s*([KMGT]?i?B)")
+
+
+def out_of_memory(output: str) -> Tuple[bool, Optional[int]]:
+    """Whether the output shows XLA running out of device memory, and the
+    request's bytes where its message gives them."""
+    if "RESOURCE_EXHAUSTED" not in output or "Out of memory" not in output:
+        return False, None
+    match = _XLA_OOM.search(output)
+    if match is None:
+        return True, None
+    number, unit = match.groups()
+    try:
+        return True, parse_size(f"{number}{unit}")
+    except ValueError:
+        return True, None
+
+
 def fake_gpu_memory(gpu: Gpu) -> int:
     """The fake device's memory while recording: far more than the GPU's,
-    so that the recording never runs out (the fake's memory is sparse host
-    memory, paid for only where written)."""
+    so that only a value far too large for the GPU runs out
+    (OutOfFakeMemory); the fake's memory is sparse host memory, paid for
+    only where data is written."""
     return max(4 * gpu.memory, 256 << 30)
 
 
@@ -240,6 +274,14 @@ def record(engine: str, argv: Sequence[str], trace: str, gpu: Gpu,
                     f"{problem}; record with `--engine recorder` (for "
                     "programs that use jaxlake.Recorder, such as the "
                     "examples) instead")
+        ran_out, request = out_of_memory(output) \
+            if engine == "fake-gpu" and code != 0 else (False, None)
+        if ran_out:
+            p.finish("out of the fake device's memory")
+            memory = fake_gpu_memory(gpu)
+            raise OutOfFakeMemory(
+                f"{label}: the program ran out of the fake device's "
+                f"{format_size(memory)}", memory, request)
         if code != 0:
             p.finish(f"failed (exit status {code})")
             raise FitError(

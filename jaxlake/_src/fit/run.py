@@ -13,7 +13,8 @@ from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
 
 from jaxlake._src.bench import replay as _replay
 from jaxlake._src.fit import engine as _engine
-from jaxlake._src.fit.search import (FRAGMENTATION, FitError, PolicyFit,
+from jaxlake._src.fit.search import (FRAGMENTATION, SHORTAGE, FitError,
+                                     PolicyFit,
                                      Probe, Vary, classify, gain,
                                      search_policy, substitute)
 from jaxlake._src.options import format_size
@@ -84,11 +85,19 @@ class Fitter:
         self.info: Dict[int, TraceInfo] = {}
         self.probes: Dict[str, Dict[int, Probe]] = {}
         self.replays = 0
+        # Values whose recording ran out of the fake device's memory.
+        self.too_large: Dict[int, _engine.OutOfFakeMemory] = {}
 
     def trace(self, value: int) -> tracefile.Trace:
+        if value in self.too_large:
+            raise self.too_large[value]
         if value not in self.traces:
             start = time.monotonic()
-            path = self.make_trace(value)
+            try:
+                path = self.make_trace(value)
+            except _engine.OutOfFakeMemory as e:
+                self.too_large[value] = e
+                raise
             seconds = time.monotonic() - start
             trace = tracefile.read_trace(path)
             devices = [d for d, n in enumerate(trace.core.device_events())
@@ -102,16 +111,29 @@ class Fitter:
 
     def capacity(self, policy: str, value: int) -> int:
         """The policy's capacity for this value's trace."""
-        self.trace(value)
-        outside = self.info[value].outside_pool or 0
+        try:
+            self.trace(value)
+        except _engine.OutOfFakeMemory:
+            pass
+        info = self.info.get(value)
+        outside = (info.outside_pool or 0) if info else 0
         return _granules(self.budget[policy] - self.reserve - outside)
 
     def probe(self, policy: str, value: int) -> Probe:
         done = self.probes.setdefault(policy, {})
         if value in done:
             return done[value]
-        trace = self.trace(value)
         cap = self.capacity(policy, value)
+        if value in self.too_large:
+            # More than the fake device held, which is several times any
+            # capacity on the GPU: a shortage for every policy.
+            e = self.too_large[value]
+            done[value] = Probe(value=value, fits=False, capacity=cap,
+                                peak_live=0, peak_reserved=0,
+                                reason=SHORTAGE, request_size=e.request,
+                                beyond=e.device_memory)
+            return done[value]
+        trace = self.trace(value)
         live = self.info[value].peak_live
         self.replays += 1
         result = _replay.replay(trace, policy, cap, timeline_points=0,

@@ -149,6 +149,10 @@ class Probe:
     request_kind: Optional[str] = None
     live_at_failure: Optional[int] = None
     reserved_at_failure: Optional[int] = None
+    # Set when the value's recording itself ran out of memory, on a fake
+    # device of this many bytes (several times the GPU's): its peak live
+    # bytes are unknown and above every capacity (peak_live is then 0).
+    beyond: Optional[int] = None
 
     @property
     def utilisation(self) -> float:
@@ -162,6 +166,12 @@ class Probe:
     def describe_failure(self) -> str:
         if self.fits:
             return ""
+        if self.reason == SHORTAGE and self.beyond is not None:
+            request = (f" (a request of {format_size(self.request_size)})"
+                       if self.request_size else "")
+            return (f"shortage: the program ran out of a "
+                    f"{format_size(self.beyond)} fake device{request}, so "
+                    f"its peak live > capacity {format_size(self.capacity)}")
         if self.reason == SHORTAGE:
             return (f"shortage: peak live {format_size(self.peak_live)} > "
                     f"capacity {format_size(self.capacity)}")
@@ -177,6 +187,11 @@ class Probe:
             "capacity": self.capacity, "peak_live": self.peak_live,
             "peak_reserved": self.peak_reserved,
             "utilisation": self.utilisation, "headroom": self.headroom}
+        if self.beyond is not None:
+            out["peak_live"] = None
+            out["utilisation"] = None
+            out["ran_out_of_fake_device"] = self.beyond
+            out["request"] = {"size": self.request_size}
         if not self.fits:
             out["reason"] = self.reason
             if self.reason == FRAGMENTATION:
