@@ -43,10 +43,8 @@ row 1b-dots batch=1..128 $lm --preset 1b --dtype bfloat16 --remat dots-saveable 
 row 1b-buckets-eval batch=1..1024 $lm --preset 1b --dtype bfloat16 --remat full --seq-buckets 512,1024 --eval-every 1 --batch {batch} $common
 row 1b-lora batch=1..128 $lora --preset 1b --dtype bfloat16 --batch {batch} $common
 row 3b-full batch=1..128 $lm --preset 3b --dtype bfloat16 --remat full --batch {batch} $common
-# The engines side by side on a device this host's memory can fake: the
-# fake GPU's memory costs host memory where XLA's copies and memsets write
-# it, which grows with the batch (tiny at batch 8192 reached 22 GiB of host
-# memory before it was stopped), so these rows are for GPUS=1GiB, with both
-# engines (table.py --compare).
+# The engines side by side on a small device (GPUS=1GiB), with both
+# engines (table.py --compare); docs/benchmarks.md also compares the
+# tiny-none row at an H100's size.
 row tiny-cmp batch=16..1024 $lm --preset tiny --dtype float32 --attention xla --batch {batch} $common
 row small-cmp batch=1..256 $lm --preset small --dtype float32 --attention xla --batch {batch} $common
