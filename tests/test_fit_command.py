@@ -11,7 +11,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from typing import Dict, List, Optional, Tuple
+from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
 
@@ -379,17 +379,25 @@ y.block_until_ready()
 """
 
 
-@pytest.mark.skipif(_FAKE_WHY is not None,
-                    reason=f"the fake GPU is unavailable: {_FAKE_WHY}")
-def test_fake_gpu_engine_on_a_small_script(tmp_path: Path) -> None:
+def _fit_script_on_the_fake_gpu(
+        tmp_path: Path, text: str
+) -> "Tuple[subprocess.CompletedProcess[str], Dict[str, Any]]":
+    """`jaxlake fit` (fake GPU, a 256 MiB device, jaxlake and bfc) over the
+    script `text`, which takes n; its run and its JSON report."""
     script = tmp_path / "user.py"
-    script.write_text(SCRIPT)
+    script.write_text(text)
     out = tmp_path / "fit.json"
     done = _jaxlake("fit", "--gpu", "256MiB", "--vary", "n=16..512",
                     "--json", str(out), "--policies", "jaxlake,bfc", "--",
                     sys.executable, str(script), "{n}", timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
-    data = json.loads(out.read_text())
+    return done, json.loads(out.read_text())
+
+
+@pytest.mark.skipif(_FAKE_WHY is not None,
+                    reason=f"the fake GPU is unavailable: {_FAKE_WHY}")
+def test_fake_gpu_engine_on_a_small_script(tmp_path: Path) -> None:
+    done, data = _fit_script_on_the_fake_gpu(tmp_path, SCRIPT)
     assert data["engine"] == "fake-gpu"
     lake = data["policies"]["jaxlake"]
     # 192 MiB of capacity: 256 MiB of input cannot fit; 16 MiB must
@@ -421,14 +429,7 @@ y.block_until_ready()
                     reason=f"the fake GPU is unavailable: {_FAKE_WHY}")
 def test_fake_gpu_engine_subtracts_memory_outside_the_pool(
         tmp_path: Path) -> None:
-    script = tmp_path / "outside.py"
-    script.write_text(OUTSIDE_SCRIPT)
-    out = tmp_path / "fit.json"
-    done = _jaxlake("fit", "--gpu", "256MiB", "--vary", "n=16..512",
-                    "--json", str(out), "--policies", "jaxlake,bfc", "--",
-                    sys.executable, str(script), "{n}", timeout=120)
-    assert done.returncode == 0, done.stderr[-3000:]
-    data = json.loads(out.read_text())
+    done, data = _fit_script_on_the_fake_gpu(tmp_path, OUTSIDE_SCRIPT)
     # the shim counted the forwarded cuMemAlloc in every trace's header
     assert data["outside_pool"] == 64 * MIB
     assert {t["outside_pool"] for t in data["traces"]} == {64 * MIB}

@@ -174,17 +174,32 @@ CUresult Forward(Hook hook, F* fn, Args... args) {
               fn != nullptr ? fn(args...) : cu::CUDA_ERROR_NOT_FOUND);
 }
 
+// Counts `bytes` of device memory taken outside every lake, known by `id`
+// (an address or a physical handle, as `key` says).
+void CountOutside(Hook hook, OutsideLedger::Key key, std::uintptr_t id,
+                  std::size_t bytes) {
+  Lakes& lakes = Lakes::Get();
+  lakes.counter(hook).forwarded_bytes.fetch_add(bytes,
+                                                std::memory_order_relaxed);
+  lakes.outside().Add(key, id, bytes);
+}
+
+// Takes off what CountOutside counted under `id`, once its free `r`
+// succeeded.
+CUresult UncountOutside(CUresult r, OutsideLedger::Key key,
+                        std::uintptr_t id) {
+  if (r == cu::CUDA_SUCCESS) Lakes::Get().outside().Remove(key, id);
+  return r;
+}
+
 // Counts the device memory of a forwarded allocation `r` made: `bytes` at
 // *dptr, outside every lake.
 CUresult Outside(Hook hook, CUresult r, const CUdeviceptr* dptr,
                  std::size_t bytes) {
   if (r != cu::CUDA_SUCCESS || dptr == nullptr || *dptr == 0 || bytes == 0)
     return r;
-  Lakes& lakes = Lakes::Get();
-  lakes.counter(hook).forwarded_bytes.fetch_add(bytes,
-                                                std::memory_order_relaxed);
-  lakes.outside().Add(OutsideLedger::Key::kAddress,
-                      static_cast<std::uintptr_t>(*dptr), bytes);
+  CountOutside(hook, OutsideLedger::Key::kAddress,
+               static_cast<std::uintptr_t>(*dptr), bytes);
   return r;
 }
 
@@ -360,12 +375,10 @@ CUresult FreeAsync(bool per_thread, CUdeviceptr dptr, CUstream stream) {
     // Not a lake's address: the driver's pool (or its error) answers.
     if (UnderCapture(stream, per_thread)) CountCaptured(hook);
     const RealApi& real = Real().api;
-    const CUresult r =
+    return UncountOutside(
         Forward(hook, per_thread ? real.MemFreeAsync_ptsz : real.MemFreeAsync,
-                dptr, stream);
-    if (r == cu::CUDA_SUCCESS)
-      lakes.outside().Remove(OutsideLedger::Key::kAddress, ptr);
-    return r;
+                dptr, stream),
+        OutsideLedger::Key::kAddress, ptr);
   }
   // A lake address: never the driver's pool's business. Under capture the
   // free would become a graph node the lake cannot honour.
@@ -407,11 +420,9 @@ CUresult AllocPitch(CUdeviceptr* dptr, std::size_t* pitch, std::size_t width,
 CUresult FreeOutside(CUdeviceptr dptr) {
   const Hook hook = Hook::cuMemFree_v2;
   Called(hook);
-  const CUresult r = Forward(hook, Real().api.MemFree_v2, dptr);
-  if (r == cu::CUDA_SUCCESS)
-    Lakes::Get().outside().Remove(OutsideLedger::Key::kAddress,
-                                  static_cast<std::uintptr_t>(dptr));
-  return r;
+  return UncountOutside(Forward(hook, Real().api.MemFree_v2, dptr),
+                        OutsideLedger::Key::kAddress,
+                        static_cast<std::uintptr_t>(dptr));
 }
 
 CUresult Create(cu::CUmemGenericAllocationHandle* handle, std::size_t size,
@@ -422,24 +433,18 @@ CUresult Create(cu::CUmemGenericAllocationHandle* handle, std::size_t size,
       Forward(hook, Real().api.MemCreate, handle, size, prop, flags);
   // Physical memory on a device (not pinned host memory).
   if (r == cu::CUDA_SUCCESS && handle != nullptr && prop != nullptr &&
-      prop->location.type == cu::CU_MEM_LOCATION_TYPE_DEVICE && size > 0) {
-    Lakes& lakes = Lakes::Get();
-    lakes.counter(hook).forwarded_bytes.fetch_add(size,
-                                                  std::memory_order_relaxed);
-    lakes.outside().Add(OutsideLedger::Key::kHandle,
-                        static_cast<std::uintptr_t>(*handle), size);
-  }
+      prop->location.type == cu::CU_MEM_LOCATION_TYPE_DEVICE && size > 0)
+    CountOutside(hook, OutsideLedger::Key::kHandle,
+                 static_cast<std::uintptr_t>(*handle), size);
   return r;
 }
 
 CUresult Release(cu::CUmemGenericAllocationHandle handle) {
   const Hook hook = Hook::cuMemRelease;
   Called(hook);
-  const CUresult r = Forward(hook, Real().api.MemRelease, handle);
-  if (r == cu::CUDA_SUCCESS)
-    Lakes::Get().outside().Remove(OutsideLedger::Key::kHandle,
-                                  static_cast<std::uintptr_t>(handle));
-  return r;
+  return UncountOutside(Forward(hook, Real().api.MemRelease, handle),
+                        OutsideLedger::Key::kHandle,
+                        static_cast<std::uintptr_t>(handle));
 }
 
 // ---- pools ------------------------------------------------------------------------
