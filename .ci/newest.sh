@@ -3,7 +3,8 @@
 # flax, optax, orbax-checkpoint and CUDA plugin pip finds, installed first
 # as a user would have them; then the test extra beside them (which must
 # change none of them) and the integration, shim, recorder, example and
-# API tests. JAXLAKE_NEWEST_PYTHON names another interpreter.
+# API tests (of the examples, those that depend on jax's version; see
+# below). JAXLAKE_NEWEST_PYTHON names another interpreter.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY="${JAXLAKE_NEWEST_PYTHON:-}"
@@ -35,5 +36,21 @@ fi
 "$VENV/bin/python" --version
 grep -iE '^(jax|jaxlib|jax-cuda1[23]-(plugin|pjrt)|flax|optax|orbax-checkpoint)==' \
   "$VENV/after.txt"
+# Whole: the XLA integration, the shim's symbols against the plugin, the
+# recorder, the public API and XLA's client on the fake GPU. Of the example
+# tests, those that run each example through the APIs that move between jax
+# versions (flax NNX, optax, orbax checkpoints, remat policies, sharding,
+# jax.distributed, the recorder's compile): the argument-error, --help and
+# other-layout tests run the same code paths on every version, and the
+# default pass runs them.
 "$VENV/bin/pytest" -q tests/test_xla.py tests/test_recorder.py \
-  tests/test_examples.py tests/test_api.py tests/test_fake_gpu.py
+  tests/test_api.py tests/test_fake_gpu.py \
+  tests/test_examples.py::test_examples_start_quietly \
+  tests/test_examples.py::test_train_lm_loss_falls \
+  tests/test_examples.py::test_resume_reproduces_the_loss \
+  tests/test_examples.py::test_compile_only_shows_compiles_and_no_loss \
+  tests/test_examples.py::test_trace_is_what_replay_reads \
+  tests/test_examples.py::test_unrolled_remat_accumulation_buckets_eval \
+  tests/test_examples.py::test_lora_finetune \
+  "tests/test_examples.py::test_sharded_on_8_cpu_devices[fsdp]" \
+  tests/test_examples.py::test_two_processes
