@@ -15,6 +15,7 @@ set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 PY="${JAXLAKE_LOWEST_PYTHON:-python3}"
 VENV=.venv-lowest
+start=$SECONDS
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
 "$VENV/bin/pip" install -q uv
@@ -25,6 +26,8 @@ uv=("$VENV/bin/uv" pip)
   pytest pytest-xdist hypothesis cmake ninja
 # jaxlake itself, with exactly those versions (--no-deps: nothing moves).
 "${uv[@]}" install -q --python "$VENV/bin/python" --no-deps .
+echo "== lowest: installed in $((SECONDS - start)) s"
+start=$SECONDS
 "$VENV/bin/python" --version
 grep -iE '^(jax|jaxlib|jax-cuda12-(plugin|pjrt)|flax|optax|orbax-checkpoint|rich|matplotlib)==' \
   "$VENV/lowest.txt" | tr '\n' ' '
@@ -38,3 +41,4 @@ echo
   tests/test_examples.py::test_lora_finetune \
   tests/test_examples.py::test_resume_reproduces_the_loss \
   "tests/test_examples.py::test_sharded_on_8_cpu_devices[fsdp]"
+echo "== lowest: tests in $((SECONDS - start)) s"

@@ -20,6 +20,7 @@ if [ -z "$PY" ]; then
   exit 1
 fi
 VENV=.venv-newest
+start=$SECONDS
 rm -rf "$VENV"
 "$PY" -m venv "$VENV"
 "$VENV/bin/pip" install -q "jax>=0.12,<0.13" flax optax orbax-checkpoint
@@ -33,6 +34,8 @@ if [ -n "$changed" ]; then
   echo "$changed" >&2
   exit 1
 fi
+echo "== newest: installed in $((SECONDS - start)) s"
+start=$SECONDS
 "$VENV/bin/python" --version
 grep -iE '^(jax|jaxlib|jax-cuda1[23]-(plugin|pjrt)|flax|optax|orbax-checkpoint)==' \
   "$VENV/after.txt"
@@ -54,3 +57,4 @@ grep -iE '^(jax|jaxlib|jax-cuda1[23]-(plugin|pjrt)|flax|optax|orbax-checkpoint)=
   tests/test_examples.py::test_lora_finetune \
   "tests/test_examples.py::test_sharded_on_8_cpu_devices[fsdp]" \
   tests/test_examples.py::test_two_processes
+echo "== newest: tests in $((SECONDS - start)) s"
