@@ -24,10 +24,13 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 
 
-def _jaxlake(*args: str, timeout: int = 300) -> subprocess.CompletedProcess:
+def _jaxlake(*args: str, timeout: int = 300,
+             xla_flags: Optional[str] = None) -> subprocess.CompletedProcess:
     env = dict(os.environ)
     env["JAX_PLATFORMS"] = "cpu"
     env.pop("XLA_FLAGS", None)
+    if xla_flags is not None:
+        env["XLA_FLAGS"] = xla_flags
     # (not from the source folder, where `-m jaxlake` finds the sources)
     return subprocess.run([*engine.jaxlake_command(), *args],
                           capture_output=True, text=True, env=env,
@@ -408,6 +411,35 @@ def test_fake_gpu_engine_on_a_small_script(tmp_path: Path) -> None:
     # the traces say so (a figure, not "not reported")
     assert data["outside_pool"] == 0
     assert "memory outside XLA's pool: 0 B" in done.stdout
+
+
+@pytest.mark.skipif(_FAKE_WHY is not None,
+                    reason=f"the fake GPU is unavailable: {_FAKE_WHY}")
+def test_fake_gpu_engine_on_the_tiny_lm(tmp_path: Path) -> None:
+    # The tiny preset's training (two steps, XLA's real client on the fake
+    # GPU) on a 256 MiB device: 192 MiB of capacity. Autotuning is off, as
+    # docs/benchmarks.md runs it: on the fake it times kernels that do not
+    # run.
+    out = tmp_path / "fit.json"
+    done = _jaxlake(
+        "fit", "--gpu", "256MiB", "--vary", "batch=64..128", "--json",
+        str(out), "--policies", "jaxlake,bfc", "--", sys.executable,
+        str(EXAMPLES / "train_lm.py"), "--preset", "tiny", "--dtype",
+        "float32", "--attention", "xla", "--batch", "{batch}", "--steps",
+        "2", "--no-progress", timeout=300,
+        xla_flags="--xla_gpu_autotune_level=0")
+    assert done.returncode == 0, done.stderr[-3000:]
+    data = json.loads(out.read_text())
+    assert data["engine"] == "fake-gpu"
+    assert [t["value"] for t in data["traces"]] == [64, 128]
+    for name in ("jaxlake", "bfc"):
+        p = data["policies"][name]
+        # batch 64 fits; at 128 the live bytes alone exceed 192 MiB
+        assert p["largest"] == 64, (name, p)
+        assert p["next_failure"]["reason"] == "shortage", (name, p)
+        assert p["next_failure"]["peak_live"] > 192 * MIB
+        assert p["peak_live"] <= p["peak_reserved"] <= 192 * MIB
+    assert "batch=128: recorded" in done.stderr
 
 
 OUTSIDE_SCRIPT = """
