@@ -38,7 +38,7 @@ row small-none batch=256..65536 $lm --preset small --dtype float32 --attention x
 row 1b-none batch=1..128 $lm --preset 1b --dtype bfloat16 --batch {batch} $common
 row 1b-full batch=1..1024 $lm --preset 1b --dtype bfloat16 --remat full --batch {batch} $common
 # the same at every batch size, where the powers of two are too coarse
-row 1b-none-linear "batch=1..16 --step linear" $lm --preset 1b --dtype bfloat16 --batch {batch} $common
+row 1b-none-linear "batch=1..24 --step linear" $lm --preset 1b --dtype bfloat16 --batch {batch} $common
 row 1b-dots batch=1..128 $lm --preset 1b --dtype bfloat16 --remat dots-saveable --batch {batch} $common
 row 1b-buckets-eval batch=1..1024 $lm --preset 1b --dtype bfloat16 --remat full --seq-buckets 512,1024 --eval-every 1 --batch {batch} $common
 row 1b-lora batch=1..128 $lora --preset 1b --dtype bfloat16 --batch {batch} $common
