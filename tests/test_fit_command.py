@@ -1,6 +1,6 @@
 """`jaxlake fit`: the search on synthetic traces, the report and its JSON,
-bad input, and both engines on real programs (the recorder on the tiny LM;
-the fake GPU once `jaxlake run --fake-gpu` exists)."""
+bad input, and both engines on real programs (the recorder and the fake
+GPU on the tiny LM example, the fake GPU on small user scripts)."""
 
 from __future__ import annotations
 
