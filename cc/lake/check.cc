@@ -134,8 +134,7 @@ std::string Lake::Impl::Check() const {
     if (seg.range == 0) continue;
     auto rit = ranges.find(seg.range);
     if (rit == ranges.end() || seg.va < seg.range ||
-        seg.va + std::size_t{seg.nchunks} * gran >
-            seg.range + rit->second.next) {
+        EndOf(seg) > seg.range + rit->second.next) {
       e << "segment " << id << " lies outside its growth range";
       return e.str();
     }

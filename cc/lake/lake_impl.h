@@ -294,6 +294,11 @@ struct Lake::Impl {
                     std::uint64_t most = ~std::uint64_t{0});
 
   // ---- free runs across back-to-back segments (span.cc) ----------------
+  // The address right after seg's chunks (where a back-to-back neighbour
+  // starts).
+  std::uintptr_t EndOf(const Segment& seg) const {
+    return seg.va + std::size_t{seg.nchunks} * gran;
+  }
   // The segment right after seg_id in its growth range (0: none).
   std::uint64_t NextInRange(std::uint64_t seg_id) const;
   // The start of seg_id's last block when it is free and usable by s.

@@ -13,7 +13,7 @@ namespace jaxlake {
 std::uint64_t Lake::Impl::NextInRange(std::uint64_t seg_id) const {
   const Segment& seg = segs.at(seg_id);
   if (seg.range == 0) return 0;
-  auto it = seg_by_va.find(seg.va + std::size_t{seg.nchunks} * gran);
+  auto it = seg_by_va.find(EndOf(seg));
   if (it == seg_by_va.end()) return 0;
   return segs.at(it->second).range == seg.range ? it->second : 0;
 }
@@ -79,8 +79,7 @@ bool Lake::Impl::FindSpan(std::uint64_t n, Stream s, std::uint64_t* seg_out,
     const Segment& seg = segs.at(id);
     const std::uint64_t whole = seg.nchunks * cu;
     const bool adjacent = open && prev != nullptr && seg.range != 0 &&
-                          seg.range == prev->range &&
-                          va == prev->va + std::size_t{prev->nchunks} * gran;
+                          seg.range == prev->range && va == EndOf(*prev);
     std::uint64_t end = 0;
     if (adjacent && FirstFree(id, s, &end)) {
       run_len += end;
@@ -112,8 +111,7 @@ bool Lake::Impl::EdgeRun(Stream s, std::uint64_t* seg_out,
   --it;
   std::uint64_t id = it->second;
   const Segment& last = segs.at(id);
-  if (last.range != current_range ||
-      last.va + std::size_t{last.nchunks} * gran != edge)
+  if (last.range != current_range || EndOf(last) != edge)
     return false;  // a growth in progress holds the edge
   std::uint64_t start = 0;
   if (!LastFree(id, s, &start)) return false;
@@ -122,8 +120,7 @@ bool Lake::Impl::EdgeRun(Stream s, std::uint64_t* seg_out,
     auto pit = std::prev(it);
     const Segment& p = segs.at(pit->second);
     std::uint64_t ps = 0;
-    if (p.range != current_range ||
-        p.va + std::size_t{p.nchunks} * gran != it->first ||
+    if (p.range != current_range || EndOf(p) != it->first ||
         !LastFree(pit->second, s, &ps))
       break;
     id = pit->second;
