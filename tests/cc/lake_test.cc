@@ -196,6 +196,53 @@ TEST(stitch_grow_creates_only_the_shortfall) {
   CHECK_EQ(lake.check(), std::string());
 }
 
+// A growth holds at least 1/16 of what the lake holds (kGrowAhead), cut
+// to the capacity left, and at least grow_min; the first growth, with
+// nothing held, holds only what the request needs.
+TEST(growth_holds_a_share_of_what_the_lake_holds) {
+  {
+    jaxlake::vmm::SimDriver drv(Small(1024 * kMiB));
+    Lake lake(drv, Capped(1024 * kMiB));
+    auto a = Alloc(lake, 64 * kMiB);
+    CHECK_EQ(lake.stats().bytes_reserved.current,
+             static_cast<std::int64_t>(64 * kMiB));
+    AllocState how{};
+    auto b = Alloc(lake, kMiB, &how);  // needs 1 chunk; 64 MiB / 16 = 2
+    CHECK(how == AllocState::grow);
+    CHECK_EQ(lake.stats().bytes_reserved.current,
+             static_cast<std::int64_t>(68 * kMiB));
+    CHECK_EQ(drv.calls(Call::create), 2u);
+    auto c = Alloc(lake, 3 * kMiB, &how);  // the growth's surplus
+    CHECK(how != AllocState::grow && how != AllocState::stitch_grow);
+    CHECK_EQ(lake.stats().bytes_reserved.current,
+             static_cast<std::int64_t>(68 * kMiB));
+    CHECK_EQ(drv.calls(Call::create), 2u);
+    for (auto p : {a, b, c}) CHECK(lake.free(p, 0) == Status::kOk);
+    CHECK_EQ(lake.check(), std::string());
+  }
+  {  // the share is cut to the capacity left, never below the need
+    jaxlake::vmm::SimDriver drv(Small(1024 * kMiB));
+    Lake lake(drv, Capped(66 * kMiB));
+    auto a = Alloc(lake, 64 * kMiB);
+    auto b = Alloc(lake, kMiB);
+    CHECK_EQ(lake.stats().bytes_reserved.current,
+             static_cast<std::int64_t>(66 * kMiB));
+    for (auto p : {a, b}) CHECK(lake.free(p, 0) == Status::kOk);
+    CHECK_EQ(lake.check(), std::string());
+  }
+  {  // grow_min sets a floor, the first growth included
+    jaxlake::vmm::SimDriver drv(Small(1024 * kMiB));
+    LakeOptions o = Capped(1024 * kMiB);
+    o.grow_min = 16 * kMiB;
+    Lake lake(drv, o);
+    auto a = Alloc(lake, kMiB);
+    CHECK_EQ(lake.stats().bytes_reserved.current,
+             static_cast<std::int64_t>(16 * kMiB));
+    CHECK(lake.free(a, 0) == Status::kOk);
+    CHECK_EQ(lake.check(), std::string());
+  }
+}
+
 TEST(small_requests_share_slabs) {
   jaxlake::vmm::SimDriver drv(Small());
   Lake lake(drv, Slabs());
