@@ -19,7 +19,9 @@
 //             per-stream slabs instead of the shared blocks
 //
 // Allocation order for a request of n units on stream s:
-//   fit/split     a free block usable by s with >= n units (best fit)
+//   fit/split     a free block usable by s with >= n units (best fit);
+//                 one that starts its segment begins in the free tail of
+//                 the back-to-back segment before it, if any (an alias)
 //   stitch reuse  a cached stitched range whose n units are all free
 //   span          a free run across back-to-back segments (tail of one,
 //                 wholly free ones, head of the next): an alias, no call

@@ -301,6 +301,8 @@ struct Lake::Impl {
   }
   // The segment right after seg_id in its growth range (0: none).
   std::uint64_t NextInRange(std::uint64_t seg_id) const;
+  // The segment right before seg_id in its growth range (0: none).
+  std::uint64_t PrevInRange(std::uint64_t seg_id) const;
   // The start of seg_id's last block when it is free and usable by s.
   bool LastFree(std::uint64_t seg_id, Stream s, std::uint64_t* start) const;
   // The end of seg_id's first block when it is free and usable by s.
@@ -320,6 +322,9 @@ struct Lake::Impl {
                std::uint64_t* start_out) const;
   Status TrySpan(std::unique_lock<std::mutex>& lk, std::uint64_t n, Stream s,
                  std::size_t size, std::uintptr_t* addr, AllocState* state);
+  Status TryFitBack(std::unique_lock<std::mutex>& lk, const FreeKey& fit,
+                    std::uint64_t n, Stream s, std::size_t size,
+                    std::uintptr_t* addr, AllocState* state);
   Status TryEdgeGrow(std::unique_lock<std::mutex>& lk, std::uint64_t n,
                      Stream s, std::size_t size, std::uintptr_t* addr,
                      AllocState* state);

@@ -196,6 +196,66 @@ TEST(stitch_grow_creates_only_the_shortfall) {
   CHECK_EQ(lake.check(), std::string());
 }
 
+// A best fit that starts its segment, right after a back-to-back segment
+// whose last block is free, is served from the start of that free run (as
+// one growing region would): the tail before the boundary is used first,
+// nothing is mapped, and the room left stays in one piece at the end.
+TEST(fit_at_a_segment_start_takes_the_free_tail_before_it) {
+  jaxlake::vmm::HostDriver drv(Small());
+  Lake lake(drv, Capped(64 * kMiB));
+  auto a = Alloc(lake, 5 * kMiB);  // segment A: 3 chunks, 1 MiB tail free
+  auto b = Alloc(lake, 8 * kMiB);  // segment B: 4 chunks, right after A
+  CHECK_EQ(b, a + 6 * kMiB);
+  CHECK(lake.free(b, 0) == Status::kOk);
+  const auto maps = drv.calls(Call::map);
+  const auto creates = drv.calls(Call::create);
+  AllocState how{};
+  auto c = Alloc(lake, 7 * kMiB + kMiB / 2, &how);  // best fit: B
+  CHECK(how == AllocState::stitch);
+  CHECK_EQ(c, a + 5 * kMiB);  // starts in A's free tail
+  Fill(a, 5 * kMiB, 1);
+  Fill(c, 7 * kMiB + kMiB / 2, 2);
+  // B's last 1.5 MiB are one free block: this fits there, with no growth.
+  auto d = Alloc(lake, kMiB + kMiB / 2, &how);
+  CHECK(how == AllocState::split || how == AllocState::fit);
+  CHECK_EQ(d, a + 12 * kMiB + kMiB / 2);
+  Fill(d, kMiB + kMiB / 2, 3);
+  CHECK(Holds(a, 5 * kMiB, 1));
+  CHECK(Holds(c, 7 * kMiB + kMiB / 2, 2));
+  CHECK(Holds(d, kMiB + kMiB / 2, 3));
+  CHECK_EQ(drv.calls(Call::map), maps);
+  CHECK_EQ(drv.calls(Call::create), creates);
+  CHECK_EQ(lake.stats().bytes_reserved.current,
+           static_cast<std::int64_t>(14 * kMiB));
+  CHECK_EQ(lake.check(), std::string());
+  // Freed, the run is whole again: A's tail and all of B in one piece.
+  CHECK(lake.free(c, 0) == Status::kOk);
+  CHECK(lake.free(d, 0) == Status::kOk);
+  auto e = Alloc(lake, 9 * kMiB, &how);
+  CHECK_EQ(e, a + 5 * kMiB);
+  CHECK_EQ(drv.calls(Call::create), creates);
+  for (auto p : {a, e}) CHECK(lake.free(p, 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+// A tail freed on another stream, not yet known complete, is not taken.
+TEST(fit_back_leaves_a_tail_pending_on_another_stream) {
+  jaxlake::vmm::SimDriver drv(Small());
+  Lake lake(drv, Capped(64 * kMiB));
+  auto a = Alloc(lake, 5 * kMiB);
+  auto t = Alloc(lake, kMiB);  // fills A's tail
+  auto b = Alloc(lake, 8 * kMiB);
+  CHECK(lake.free(b, 0) == Status::kOk);
+  drv.hold_stream(7);  // stream 7's frees stay pending
+  CHECK(lake.free(t, 7) == Status::kOk);
+  AllocState how{};
+  auto c = Alloc(lake, 7 * kMiB, &how);
+  CHECK_EQ(c, b);  // B itself: the tail belongs to stream 7 for now
+  drv.release_stream(7);
+  for (auto p : {a, c}) CHECK(lake.free(p, 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+}
+
 // A growth holds at least 1/16 of what the lake holds (kGrowAhead), cut
 // to the capacity left, and at least grow_min; the first growth, with
 // nothing held, holds only what the request needs.
