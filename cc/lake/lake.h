@@ -27,7 +27,7 @@
 //                 wholly free ones, head of the next): an alias, no call
 //   stitch        the whole free chunks of free blocks, largest first,
 //                 mapped into a new range; a free block that ends at a
-//                 chunk boundary may lead it when that saves a chunk
+//                 chunk boundary leads it when that saves a whole chunk
 //   stitch grow   as above, creating only the shortfall as a new segment
 //                 (placed after the newest segment: a free tail at the
 //                 growth edge and the shortfall need no stitched mapping)

@@ -121,16 +121,37 @@ bool Lake::Impl::TryReuse(std::uint64_t n, Stream s, std::size_t size,
 }
 
 // Plans a stitched range for n units on stream s. Pieces: the whole free
-// chunks of free blocks usable by s, largest block first. When they fall
-// short, a free block smaller than a chunk that ends at a chunk boundary
-// may lead the range (*lead: the units of its chunk before it) when it
-// saves a chunk of the shortfall (best fit among those). Returns the
-// units the plan covers after the lead.
+// chunks of free blocks usable by s, largest block first. A free block
+// smaller than a chunk that ends at a chunk boundary and holds the
+// request's last partial chunk leads the range (*lead: the units of its
+// chunk before it), which then takes one whole chunk fewer (best fit among
+// the first candidates), whether or not the whole chunks would cover the
+// request without it. Returns the units the plan covers after the lead.
 std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
                                      std::vector<Piece>* plan,
                                      std::uint64_t* lead) {
   std::uint64_t got = 0;
   *lead = 0;
+  // A free block smaller than a chunk that ends at a chunk boundary and
+  // holds the request's last partial chunk leads the range: the range then
+  // takes one whole chunk fewer (best fit among the first candidates).
+  const std::uint64_t rem = n % cu;
+  const bool room = !opt.max_pieces || opt.max_pieces >= 2;
+  int seen = 0;
+  for (auto it = free_index.lower_bound(FreeKey(rem, 0, 0));
+       rem != 0 && room && it != free_index.end() && seen < kLeadCandidates;
+       ++it) {
+    auto [len, seg_id, start] = *it;
+    if (len >= cu) break;
+    if ((start + len) % cu != 0) continue;
+    ++seen;
+    if (!Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
+    const std::uint64_t c = start + len - cu;
+    plan->push_back(Piece{seg_id, c, cu});
+    *lead = start - c;
+    got = len;
+    break;
+  }
   for (auto it = free_index.rbegin(); it != free_index.rend() && got < n;
        ++it) {
     auto [len, seg_id, start] = *it;
@@ -143,25 +164,6 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
     plan->push_back(Piece{seg_id, a, k});
     got += k;
     if (opt.max_pieces && plan->size() >= opt.max_pieces) break;
-  }
-  if (got < n) {
-    const std::uint64_t need = n - got;
-    const std::uint64_t rem = need - (ChunkUp(need) - cu);  // 1..cu
-    const bool room = !opt.max_pieces || plan->size() + 2 <= opt.max_pieces;
-    int seen = 0;
-    for (auto it = free_index.lower_bound(FreeKey(rem, 0, 0));
-         room && it != free_index.end() && seen < kLeadCandidates; ++it) {
-      auto [len, seg_id, start] = *it;
-      if (len >= cu) break;
-      if ((start + len) % cu != 0) continue;
-      ++seen;
-      if (!Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
-      const std::uint64_t c = start + len - cu;
-      plan->insert(plan->begin(), Piece{seg_id, c, cu});
-      *lead = start - c;
-      got += len;
-      break;
-    }
   }
   // A shortfall segment needs a piece of its own.
   if (got < n && opt.max_pieces) {

@@ -196,6 +196,39 @@ TEST(stitch_grow_creates_only_the_shortfall) {
   CHECK_EQ(lake.check(), std::string());
 }
 
+// A free tail that holds the request's last partial chunk leads a stitch
+// even when whole free chunks alone would cover it: the stitch then takes
+// one whole chunk fewer, and that chunk stays free for the next request.
+TEST(free_tail_leads_a_stitch_to_save_a_whole_chunk) {
+  jaxlake::vmm::HostDriver drv(Small());
+  Lake lake(drv, Capped(64 * kMiB));
+  auto a = Alloc(lake, 4 * kMiB);
+  auto b = Alloc(lake, 4 * kMiB);
+  auto c = Alloc(lake, 4 * kMiB);
+  auto d = Alloc(lake, 4 * kMiB);
+  auto e = Alloc(lake, 3 * kMiB);  // its last chunk's 1 MiB stays free
+  CHECK(lake.free(b, 0) == Status::kOk);
+  CHECK(lake.free(d, 0) == Status::kOk);
+  const auto reserved = lake.stats().bytes_reserved.current;
+  AllocState how{};
+  // 4.5 MiB: the tail (1 MiB) leads, then the two chunks of b or d; the
+  // other two stay free.
+  auto r = Alloc(lake, 4 * kMiB + kMiB / 2, &how);
+  CHECK(how == AllocState::stitch);
+  Fill(r, 4 * kMiB + kMiB / 2, 7);
+  Fill(e, 3 * kMiB, 5);
+  auto f = Alloc(lake, 4 * kMiB, &how);
+  CHECK(how == AllocState::fit);
+  CHECK(f == b || f == d);
+  Fill(f, 4 * kMiB, 9);
+  CHECK(Holds(r, 4 * kMiB + kMiB / 2, 7));
+  CHECK(Holds(e, 3 * kMiB, 5));
+  CHECK_EQ(lake.stats().bytes_reserved.current, reserved);
+  CHECK_EQ(lake.check(), std::string());
+  for (auto p : {a, c, e, r, f}) CHECK(lake.free(p, 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+}
+
 // A best fit that starts its segment, right after a back-to-back segment
 // whose last block is free, is served from the start of that free run (as
 // one growing region would): the tail before the boundary is used first,
