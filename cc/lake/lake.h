@@ -28,9 +28,11 @@
 //   stitch        the whole free chunks of free blocks, largest first,
 //                 mapped into a new range; a free block that ends at a
 //                 chunk boundary leads it when that saves a whole chunk
-//   stitch grow   as above, creating only the shortfall as a new segment
+//   stitch grow   as above, creating the shortfall as a new segment
 //                 (placed after the newest segment: a free tail at the
-//                 growth edge and the shortfall need no stitched mapping)
+//                 growth edge and the shortfall need no stitched mapping),
+//                 sized as a growth while nothing was freed since the
+//                 last growth
 //   edge grow     a new segment right after the free run at the growth
 //                 edge, spanned with it, when that saves a chunk
 //   grow          a new segment of the whole chunks n units need, and at

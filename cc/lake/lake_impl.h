@@ -64,6 +64,10 @@ struct Lake::Impl {
   LiveTable live{2048};
   std::unordered_map<Stream, StreamState> streams;
   std::size_t pending_bytes = 0;  // physical bytes being created right now
+  // Bytes freed since the lake last claimed memory to grow. While it is 0
+  // the program is only building up state, and a stitch's shortfall is
+  // sized as a growth (TryStitch).
+  std::size_t freed_since_growth = 0;
   // Physical bytes of segments being released right now (lock released):
   // still held by the driver, so they still count against the capacity.
   std::size_t releasing_bytes = 0;

@@ -266,8 +266,12 @@ Status Lake::Impl::TryStitch(std::unique_lock<std::mutex>& lk, std::uint64_t n,
     if (BackToBack(sorted)) plan = std::move(sorted);
   }
   if (got < n && !opt.stitch_grow) return Status::kOutOfMemory;
+  // A shortfall while nothing was freed since the last growth (parameters
+  // and optimizer state being made) is sized as a growth, as a plain growth
+  // is; once frees come between growths (a step's transient buffers), only
+  // the shortfall is created, so no surplus waits at a transient peak.
   return StitchPlan(lk, std::move(plan), lead, got, n, s, size, addr, state,
-                    /*grow_ahead=*/false);
+                    /*grow_ahead=*/freed_since_growth == 0);
 }
 
 // Serves n units from a plan: pieces whose first `got` units after `lead`

@@ -196,6 +196,33 @@ TEST(stitch_grow_creates_only_the_shortfall) {
   CHECK_EQ(lake.check(), std::string());
 }
 
+// A stitch's shortfall is sized as a growth while nothing was freed since
+// the last growth (state being built up), and is created exactly once a
+// free came between (a transient peak keeps no surplus).
+TEST(stitch_shortfall_is_a_growth_only_while_nothing_was_freed) {
+  for (const bool freed : {false, true}) {
+    jaxlake::vmm::SimDriver drv(Small(1024 * kMiB));
+    Lake lake(drv, Capped(1024 * kMiB));
+    auto a = Alloc(lake, 256 * kMiB);
+    auto b = Alloc(lake, kMiB);  // grows 256 / 16 = 16 MiB; 15 MiB free
+    CHECK_EQ(lake.stats().bytes_reserved.current,
+             static_cast<std::int64_t>(272 * kMiB));
+    if (freed) CHECK(lake.free(Alloc(lake, kMiB), 0) == Status::kOk);
+    AllocState how{};
+    // 20 MiB: the 7 whole free chunks (14 MiB) and a 6 MiB shortfall,
+    // created right after them (an alias).
+    auto c = Alloc(lake, 20 * kMiB, &how);
+    CHECK(how == AllocState::stitch_grow);
+    CHECK_EQ(drv.calls(Call::map), 3u);  // one per segment: no stitch map
+    // Sized as a growth: 272 / 16 = 17 MiB, in whole chunks 16 MiB.
+    const std::size_t grown = freed ? 6 * kMiB : 16 * kMiB;
+    CHECK_EQ(lake.stats().bytes_reserved.current,
+             static_cast<std::int64_t>(272 * kMiB + grown));
+    for (auto p : {a, b, c}) CHECK(lake.free(p, 0) == Status::kOk);
+    CHECK_EQ(lake.check(), std::string());
+  }
+}
+
 // A free tail that holds the request's last partial chunk leads a stitch
 // even when whole free chunks alone would cover it: the stitch then takes
 // one whole chunk fewer, and that chunk stays free for the next request.
