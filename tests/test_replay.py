@@ -570,3 +570,64 @@ def test_reads_the_gpu_checks_latency_sample() -> None:
     model = lat.model()
     first = lat.calls["map"][0]
     assert model.us("map", first[0]) == pytest.approx(first[1])
+
+
+def test_lake_options_reach_the_replayed_lake(
+        tmp_path: pathlib.Path) -> None:
+    path = steps_trace(tmp_path / "s.jsonl")
+    trace = tracefile.read_trace(path)
+    plain = replay.replay(trace, "jaxlake", fit=True)
+    step = replay.replay(trace, "jaxlake", fit=True,
+                         options={"lake_grow_min": 256 * MIB})
+    # One 256 MiB segment holds the whole trace (peak live 132 MiB).
+    assert plain.peak_reserved < 160 * MIB
+    assert step.peak_reserved == 256 * MIB
+    out_json = tmp_path / "r.json"
+    code, out = _cli(["replay", path, "-p", "jaxlake", "--json",
+                      str(out_json), "--lake-option", "grow_min=256MiB",
+                      "--lake-option", "stitch-cache=0"])
+    assert code == 0
+    assert "lake options grow_min=256MiB, stitch_cache=0" in out
+    data = json.loads(out_json.read_text())
+    assert data["lake_options"] == {"grow_min": "256MiB", "stitch_cache": "0"}
+    r = data["results"]["jaxlake"]
+    assert r["peak_reserved"] == step.peak_reserved
+    assert r["fit_capacity"] == step.fit_capacity
+    # bench passes them to every trace, and says so.
+    folder = tmp_path / "suite"
+    folder.mkdir()
+    steps_trace(folder / "steps.jsonl")
+    code, out = _cli(["bench", "--suite", str(folder), "--no-plots",
+                      "--no-progress", "--out", str(tmp_path / "out"),
+                      "-p", "jaxlake", "--lake-option", "grow_min=256MiB"])
+    assert code == 0 and "lake options grow_min=256MiB" in out
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert data["lake_options"] == {"grow_min": "256MiB"}
+    res = data["traces"][0]["results"]["jaxlake"]
+    assert res["peak_reserved"] == 256 * MIB
+
+
+@pytest.mark.parametrize("option, message", [
+    ("grow_min", "expected NAME=VALUE"),
+    ("backend=sim", "'backend' is not a lake option a replay can set"),
+    ("capacity=1GiB", "the device size is --capacity"),
+    ("grow_min=lots", "option --lake-option grow_min='lots' is invalid"),
+    ("alignment=300", "not a power of two"),
+])
+def test_bad_lake_options_are_refused_by_name(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str],
+        option: str, message: str) -> None:
+    path = steps_trace(tmp_path / "s.jsonl", steps=1)
+    with pytest.raises(SystemExit) as e:
+        _cli(["replay", path, "-p", "jaxlake", "--lake-option", option])
+    assert e.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_lake_options_the_lake_refuses_are_a_usage_error(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = steps_trace(tmp_path / "s.jsonl", steps=1)
+    code, _ = _cli(["replay", path, "-p", "jaxlake",
+                    "--lake-option", "small_limit=4MiB"])
+    assert code == 2
+    assert "is larger than one small slab" in capsys.readouterr().err

@@ -286,9 +286,12 @@ def format_bytes(nbytes: float, digits: int = 3) -> str:
 
 def _where(option: Option, env: str) -> str:
     """How an error names the option: the keyword, or the environment
-    variable / XLA_FLAGS entry (`env` starting with "--") it came from."""
+    variable / XLA_FLAGS entry (`env` starting with "--") it came from, or
+    the --lake-option flag of `jaxlake bench` and `replay`."""
     if not env:
         return option.name
+    if env.startswith("--lake-option"):  # jaxlake bench/replay's flag
+        return env
     if env.startswith("--"):
         return f"{option.name}: XLA_FLAGS entry {env}"
     return f"{option.name}: environment variable {env}"

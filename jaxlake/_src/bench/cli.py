@@ -14,12 +14,13 @@ import json
 import os
 import sys
 import time
-from typing import Any, List, Optional, Sequence, TextIO
+from typing import Any, Dict, List, Optional, Sequence, TextIO, Tuple
 
 from jaxlake._src.bench import columns
 from jaxlake._src.bench import suite as bench
 from jaxlake._src.trace import tracefile
-from jaxlake._src.options import format_bytes
+from jaxlake._src.errors import ConfigurationError
+from jaxlake._src.options import format_bytes, option_table, parse_text
 from jaxlake._src.bench.replay import (Capacity, Latency, LatencyError,
                                        PolicyError, ReplayResult,
                                        check_policies, policy_names, replay)
@@ -34,6 +35,58 @@ def _capacity(text: str) -> Optional[Capacity]:
         return Capacity.parse(text)
     except ValueError as e:
         raise argparse.ArgumentTypeError(str(e)) from None
+
+
+# Lake options the replay cannot take: the device size is --capacity, and
+# an in-memory trace of the replay is of no use there.
+_NOT_REPLAY_OPTIONS = ("capacity", "record_trace")
+
+
+def _replay_lake_options() -> List[str]:
+    return [o.name for o in option_table()
+            if o.lake and o.name not in _NOT_REPLAY_OPTIONS]
+
+
+def _lake_option(text: str) -> Tuple[str, object, str]:
+    """A --lake-option NAME=VALUE argument, checked against the option
+    table: (name, value, the text as given)."""
+    name, sep, value = text.partition("=")
+    name = name.strip().replace("-", "_")
+    value = value.strip()
+    if not sep or not name or not value:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: expected NAME=VALUE, e.g. grow_min=64MiB")
+    if name not in _replay_lake_options():
+        raise argparse.ArgumentTypeError(
+            f"{name!r} is not a lake option a replay can set; one of: "
+            f"{', '.join(_replay_lake_options())} (the device size is "
+            f"--capacity)")
+    try:
+        parsed = parse_text(name, value, f"--lake-option {name}")
+    except ConfigurationError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
+    return name, parsed, value
+
+
+def _add_lake_option(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--lake-option", type=_lake_option, action="append", default=[],
+        metavar="NAME=VALUE",
+        help="replay jaxlake with this lake option instead of its default "
+             "(repeat for more), e.g. grow_min=64MiB or stitch=false; the "
+             "names are those of `jaxlake options` that a replay can set")
+
+
+def _lake_overrides(args: argparse.Namespace) -> Dict[str, object]:
+    """The replay's policy overrides from --lake-option."""
+    return {f"lake_{name}": value
+            for name, value, _ in getattr(args, "lake_option", None) or []}
+
+
+def _lake_note(args: argparse.Namespace) -> str:
+    chosen = getattr(args, "lake_option", None) or []
+    return ("; lake options " + ", ".join(f"{n}={t}" for n, _, t in chosen)
+            if chosen else "")
 
 
 def _policies(values: Optional[Sequence[str]]) -> List[str]:
@@ -132,6 +185,7 @@ def register(commands: Any) -> None:
     b.add_argument("--lenient", action="store_true",
                    help="skip malformed lines of damaged traces")
     _add_latency(b)
+    _add_lake_option(b)
     _add_wide(b)
     b.add_argument("--check", action="store_true",
                    help="exit with status 3 when a PASS/FAIL claim fails")
@@ -169,6 +223,7 @@ def register(commands: Any) -> None:
                    help="skip malformed lines, unknown frees and bad sizes, "
                         "and report what was skipped")
     _add_latency(r)
+    _add_lake_option(r)
     _add_wide(r)
     r.set_defaults(func=replay_command)
 
@@ -295,13 +350,18 @@ def bench_command(args: argparse.Namespace,
     try:
         suite = bench.run_suite(paths, policies, args.capacity, progress,
                                 lenient=args.lenient, latency=latency,
-                                fit=True)
+                                fit=True, options=_lake_overrides(args))
     except tracefile.TraceError as e:
         progress.close()
         _error("bench", str(e))
         return EXIT_INPUT
+    except PolicyError as e:
+        progress.close()
+        _error("bench", f"--lake-option: {e}")
+        return EXIT_USAGE
     progress.close()
     cap = f"; capacity {args.capacity}" if args.capacity else ""
+    cap += _lake_note(args)
     def wrap(text: str, hang: int = 4) -> str:  # --wide: lines as they are
         return text if args.wide else columns.wrap_lines(text, hang=hang)
     out.write(wrap(f"jaxlake bench: {len(suite)} trace(s) from {source}, "
@@ -317,7 +377,8 @@ def bench_command(args: argparse.Namespace,
         written = bench.write_outputs(
             suite, args.out, args.capacity, plots=not args.no_plots,
             extra={"elapsed_s": elapsed, "source": source,
-                   "latency": latency.source if latency else "defaults"})
+                   "latency": latency.source if latency else "defaults",
+                   "lake_options": {n: t for n, _, t in args.lake_option}})
     except Exception as e:  # a plot error must not lose the table
         _error("bench", f"writing outputs failed: {e}")
         return EXIT_INPUT
@@ -379,13 +440,19 @@ def replay_command(args: argparse.Namespace,
     # Under a capacity every figure shown (table, lines, plot) is of the run
     # under that capacity; --json keeps the uncapped figures and adds them.
     fit = bool(args.fit or args.json)
-    replayed = [replay(trace, p, args.capacity, latency=latency, fit=fit,
-                       capped_figures=args.capacity is not None)
-                for p in policies]
+    try:
+        replayed = [replay(trace, p, args.capacity, latency=latency, fit=fit,
+                           capped_figures=args.capacity is not None,
+                           options=_lake_overrides(args))
+                    for p in policies]
+    except PolicyError as e:
+        _error("replay", f"--lake-option: {e}")
+        return EXIT_USAGE
     results = [r.capped or r for r in replayed]
     first = results[0]
     out.write(f"{trace.name}: {len(trace)} events, {first.devices} "
-              f"device(s), peak live {format_bytes(first.peak_live)}")
+              f"device(s), peak live {format_bytes(first.peak_live)}"
+              f"{_lake_note(args)}")
     if args.capacity:
         out.write(f", capacity {args.capacity} = "
                   f"{format_bytes(first.capacity or 0)} per device")
@@ -427,6 +494,7 @@ def replay_command(args: argparse.Namespace,
                           "skipped": [list(s) for s in trace.skipped],
                           "skipped_count": int(trace.core.skipped_count)},
                 "capacity": str(args.capacity) if args.capacity else None,
+                "lake_options": {n: t for n, _, t in args.lake_option},
                 "results": {r.policy: r.to_json() for r in replayed}}
         if not _write_json("replay", args.json, data, out):
             return EXIT_INPUT

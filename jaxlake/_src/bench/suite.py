@@ -132,10 +132,12 @@ def run_suite(paths: Sequence[str], policies: Optional[Sequence[str]] = None,
               lenient: bool = False,
               timeline_points: int = 1000,
               latency: Optional[Latency] = None,
-              fit: bool = False) -> List[TraceResults]:
+              fit: bool = False,
+              options: Optional[Dict[str, Any]] = None) -> List[TraceResults]:
     """Replays every trace through every policy (driver time charged by
     `latency`, or the default model); `fit`: with each policy's fit
-    capacity (replay(fit=True))."""
+    capacity (replay(fit=True)); `options`: policy overrides, as
+    replay() takes them (lake options as "lake_<name>")."""
     names = check_policies(policies) if policies else list(policy_names())
     out: List[TraceResults] = []
     for path in paths:
@@ -148,7 +150,8 @@ def run_suite(paths: Sequence[str], policies: Optional[Sequence[str]] = None,
                 progress.update(f"{trace.name} / {name}")
             results.append(replay(trace, name, capacity,
                                   timeline_points=timeline_points,
-                                  latency=latency, fit=fit))
+                                  latency=latency, fit=fit,
+                                  options=options or None))
             if progress:
                 progress.step(f"{trace.name} / {name}")
         first = results[0]
