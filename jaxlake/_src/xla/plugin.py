@@ -42,7 +42,7 @@ VMM_ALLOCATOR_COST = (
     "traces (jaxlake bench, docs/benchmarks.md), the smallest device that "
     "runs each trace is on geometric mean 0.608 used by XLA's VMM allocator "
     "against 0.989 by the lake (U_fit), with 9,217 driver calls against "
-    "4,386; it comes close only on programs of a few large buffers")
+    "1,401; it comes close only on programs of a few large buffers")
 
 #: XLA settings that send device allocations around the lake: flag, the
 #: values that do, and where the allocations go instead.
