@@ -255,7 +255,7 @@ bool Lake::Impl::ClaimCapacity(std::uint64_t n) {
   const std::size_t held = HeldBytes();
   if (n > capacity / gran || held + bytes > capacity) return false;
   pending_bytes += bytes;
-  freed_since_growth = 0;
+  freed_since_growth = false;
   return true;
 }
 

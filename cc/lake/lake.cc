@@ -195,7 +195,7 @@ Status Lake::free(std::uintptr_t address, Stream stream) {
   m.st.bytes_in_use_rounded.add(-static_cast<std::int64_t>(a.rounded));
   m.st.live_allocations.add(-1);
   ++m.st.frees;
-  m.freed_since_growth += a.size;
+  m.freed_since_growth = true;
   m.Record(false, address, a.size, stream, AllocState::small);
   switch (a.kind) {
     case Kind::kSmall:

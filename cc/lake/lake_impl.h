@@ -64,10 +64,10 @@ struct Lake::Impl {
   LiveTable live{2048};
   std::unordered_map<Stream, StreamState> streams;
   std::size_t pending_bytes = 0;  // physical bytes being created right now
-  // Bytes freed since the lake last claimed memory to grow. While it is 0
-  // the program is only building up state, and a stitch's shortfall is
-  // sized as a growth (TryStitch).
-  std::size_t freed_since_growth = 0;
+  // Something was freed since the lake last claimed memory to grow. While
+  // nothing was, the program is only building up state, and a stitch's
+  // shortfall is sized as a growth (TryStitch).
+  bool freed_since_growth = false;
   // Physical bytes of segments being released right now (lock released):
   // still held by the driver, so they still count against the capacity.
   std::size_t releasing_bytes = 0;
@@ -326,6 +326,9 @@ struct Lake::Impl {
                std::uint64_t* start_out) const;
   Status TrySpan(std::unique_lock<std::mutex>& lk, std::uint64_t n, Stream s,
                  std::size_t size, std::uintptr_t* addr, AllocState* state);
+  Status ServeRun(std::unique_lock<std::mutex>& lk, std::uint64_t seg_id,
+                  std::uint64_t start, std::uint64_t n, Stream s,
+                  std::size_t size, std::uintptr_t* addr, AllocState* state);
   Status TryFitBack(std::unique_lock<std::mutex>& lk, const FreeKey& fit,
                     std::uint64_t n, Stream s, std::size_t size,
                     std::uintptr_t* addr, AllocState* state);

@@ -150,9 +150,20 @@ Status Lake::Impl::TrySpan(std::unique_lock<std::mutex>& lk, std::uint64_t n,
   if (!opt.stitch || size < opt.stitch_min) return Status::kOutOfMemory;
   std::uint64_t seg = 0, start = 0;
   if (!FindSpan(n, s, &seg, &start)) return Status::kOutOfMemory;
+  return ServeRun(lk, seg, start, n, s, size, addr, state);
+}
+
+// Serves n units from the free run that starts at unit `start` of seg_id
+// and goes on across the back-to-back segments after it, as an alias; no
+// driver call. The caller has found the run to hold n units; kOutOfMemory
+// when it needs more pieces than max_pieces (nothing changed).
+Status Lake::Impl::ServeRun(std::unique_lock<std::mutex>& lk,
+                            std::uint64_t seg_id, std::uint64_t start,
+                            std::uint64_t n, Stream s, std::size_t size,
+                            std::uintptr_t* addr, AllocState* state) {
   std::vector<Piece> plan;
   std::uint64_t lead = 0;
-  const std::uint64_t got = PlanRun(seg, start, n, s, &plan, &lead);
+  const std::uint64_t got = PlanRun(seg_id, start, n, s, &plan, &lead);
   assert(got >= n);
   if (opt.max_pieces && plan.size() > opt.max_pieces)
     return Status::kOutOfMemory;
@@ -176,14 +187,7 @@ Status Lake::Impl::TryFitBack(std::unique_lock<std::mutex>& lk,
   if (prev == 0 || !LastFree(prev, s, &tail)) return Status::kOutOfMemory;
   const std::uint64_t tail_units = segs.at(prev).nchunks * cu - tail;
   if (tail_units >= n) return Status::kOutOfMemory;
-  std::vector<Piece> plan;
-  std::uint64_t lead = 0;
-  const std::uint64_t got = PlanRun(prev, tail, n, s, &plan, &lead);
-  if (got < n) return Status::kOutOfMemory;
-  if (opt.max_pieces && plan.size() > opt.max_pieces)
-    return Status::kOutOfMemory;
-  return StitchPlan(lk, std::move(plan), lead, got, n, s, size, addr, state,
-                    /*grow_ahead=*/false);
+  return ServeRun(lk, prev, tail, n, s, size, addr, state);
 }
 
 // A growth that starts in the free run at the growth edge: the new segment

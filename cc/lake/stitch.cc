@@ -271,7 +271,7 @@ Status Lake::Impl::TryStitch(std::unique_lock<std::mutex>& lk, std::uint64_t n,
   // is; once frees come between growths (a step's transient buffers), only
   // the shortfall is created, so no surplus waits at a transient peak.
   return StitchPlan(lk, std::move(plan), lead, got, n, s, size, addr, state,
-                    /*grow_ahead=*/freed_since_growth == 0);
+                    /*grow_ahead=*/!freed_since_growth);
 }
 
 // Serves n units from a plan: pieces whose first `got` units after `lead`

@@ -79,12 +79,11 @@ def _add_lake_option(p: argparse.ArgumentParser) -> None:
 
 def _lake_overrides(args: argparse.Namespace) -> Dict[str, object]:
     """The replay's policy overrides from --lake-option."""
-    return {f"lake_{name}": value
-            for name, value, _ in getattr(args, "lake_option", None) or []}
+    return {f"lake_{name}": value for name, value, _ in args.lake_option}
 
 
 def _lake_note(args: argparse.Namespace) -> str:
-    chosen = getattr(args, "lake_option", None) or []
+    chosen = args.lake_option
     return ("; lake options " + ", ".join(f"{n}={t}" for n, _, t in chosen)
             if chosen else "")
 
