@@ -267,6 +267,33 @@ def test_bundled_suite_is_what_build_py_lists() -> None:
     assert max(m["params"] for m in big) >= 10**9
 
 
+def test_per_tensor_variants_are_apart_from_the_suite(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """build.py --per-tensor lists its own traces, each recorded per
+    logical buffer, and refuses to write them into the bundled folder."""
+    import importlib.util
+    folder = Path(__file__).resolve().parents[1] / "benchmarks" / "traces"
+    spec = importlib.util.spec_from_file_location("suite_build2",
+                                                  folder / "build.py")
+    assert spec is not None and spec.loader is not None
+    build = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(build)
+    names = [s.name for s in build.PER_TENSOR]
+    assert len(names) == len(set(names)) == 8
+    assert not set(names) & ({s.name for s in build.SUITE} | set(build.KEPT))
+    assert all("--trace-per-tensor" in s.args for s in build.PER_TENSOR)
+    assert build.main(["--per-tensor", "--list"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == names
+    def no_build(*args: object, **kwargs: object) -> None:
+        raise AssertionError("--per-tensor began building into the suite")
+    build.build_one = no_build  # a regression must not write here
+    with pytest.raises(SystemExit) as e:
+        build.main(["--per-tensor"])
+    assert e.value.code == 2
+    assert "--per-tensor needs --out" in capsys.readouterr().err
+
+
 def test_device_less_compile_keeps_the_plugin_quiet(tmp_path: Path) -> None:
     """The plugin's "Could not find cuda drivers" lines, logged when the
     recorder loads it, are filtered out; other stderr output is kept."""

@@ -105,6 +105,41 @@ SUITE: List[Spec] = [
          "parameters and adam state per device), compile-only"),
 ]
 
+#: Per-tensor variants of the suite's small configurations, not bundled:
+#: traces the policy was not tuned on, to check it against the other
+#: allocators (docs/benchmarks.md, "Per-tensor variants"). `--per-tensor`
+#: builds these instead of SUITE, into a folder other than this one.
+_PT = ("--preset", "small", "--steps", "4", "--batch", "16", "--seq-len",
+       "128", "--dtype", "bfloat16", "--no-scan-layers", "--trace-per-tensor")
+PER_TENSOR: List[Spec] = [
+    Spec("pt-tiny", "train_lm.py",
+         ("--preset", "tiny", "--steps", "6", "--dtype", "bfloat16",
+          "--no-scan-layers", "--trace-per-tensor"),
+         "lm-tiny, one allocation per logical buffer"),
+    Spec("pt-small-remat-full", "train_lm.py", _PT + ("--remat", "full"),
+         "lm-small-unrolled-remat-full, per logical buffer"),
+    Spec("pt-small-accum4", "train_lm.py", _PT + ("--grad-accum", "4"),
+         "lm-small-accum4 with unrolled layers, per logical buffer"),
+    Spec("pt-small-dots", "train_lm.py", _PT + ("--remat", "dots-saveable"),
+         "lm-small-remat-dots-saveable unrolled, per logical buffer"),
+    Spec("pt-small-b8-s256", "train_lm.py",
+         ("--preset", "small", "--steps", "4", "--batch", "8", "--seq-len",
+          "256", "--dtype", "bfloat16", "--no-scan-layers",
+          "--trace-per-tensor"),
+         "lm-small-per-tensor at batch 8, sequence length 256"),
+    Spec("pt-small-buckets-eval", "train_lm.py",
+         _PT + ("--seq-buckets", "32,64,96,128", "--steps", "8",
+                "--eval-every", "4"),
+         "lm-small-buckets-eval unrolled, per logical buffer"),
+    Spec("pt-small-lora-r8", "finetune_lora.py", _PT + ("--rank", "8"),
+         "lm-small-lora-r8 unrolled, per logical buffer"),
+    Spec("pt-small-f32", "train_lm.py",
+         ("--preset", "small", "--steps", "4", "--batch", "16", "--seq-len",
+          "128", "--dtype", "float32", "--no-scan-layers",
+          "--trace-per-tensor"),
+         "lm-small-per-tensor in float32"),
+]
+
 #: Traces recorded from earlier versions of the examples and kept because
 #: they show what no trace above does; build.py does not remake them.
 KEPT: Dict[str, str] = {
@@ -158,15 +193,16 @@ def build_one(spec: Spec, out: Path, verbose: bool,
             "params": header.get("meta", {}).get("params")}
 
 
-def select(patterns: Optional[List[str]]) -> List[Spec]:
+def select(patterns: Optional[List[str]],
+           specs: Sequence[Spec] = SUITE) -> List[Spec]:
     if not patterns:
-        return list(SUITE)
-    chosen = [s for s in SUITE if any(
+        return list(specs)
+    chosen = [s for s in specs if any(
         fnmatch.fnmatch(s.name, p) or p in s.name for p in patterns)]
     if not chosen:
         raise SystemExit(
             f"error: --only {' '.join(patterns)} matches no trace; the "
-            f"traces are: {', '.join(s.name for s in SUITE)}")
+            f"traces are: {', '.join(s.name for s in specs)}")
     return chosen
 
 
@@ -184,15 +220,22 @@ def main(argv: Optional[List[str]] = None) -> int:
                         help="list the traces and what they show")
     parser.add_argument("--verbose", action="store_true",
                         help="show each example's own output")
+    parser.add_argument("--per-tensor", action="store_true",
+                        help="build the per-tensor variants (not bundled) "
+                             "instead of the suite; needs --out")
     args = parser.parse_args(argv)
-    specs = select(args.only)
+    specs = select(args.only, PER_TENSOR if args.per_tensor else SUITE)
     if args.list:
         for s in specs:
             print(f"{s.name:38} {s.script:18} {s.about}")
-        for name, about in KEPT.items():
-            print(f"{name:38} {'(kept)':18} {about}")
+        if not args.per_tensor:
+            for name, about in KEPT.items():
+                print(f"{name:38} {'(kept)':18} {about}")
         return 0
     out = Path(args.out)
+    if args.per_tensor and out.resolve() == HERE:
+        parser.error("--per-tensor needs --out FOLDER: the variants are not "
+                     "part of the bundled suite")
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     failed = 0
