@@ -40,6 +40,7 @@ class LakeOptions:
     max_pieces: int
     stitch_cache: int
     grow_min: int
+    preallocate: bool
     record_trace: bool
     def __init__(self) -> None: ...
 

@@ -229,6 +229,33 @@ def test_empty_cache_releases_free_memory(make_lake: MakeLake,
     assert lake.stats().bytes_reserved == 0
 
 
+def test_preallocate_takes_the_capacity_once(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """preallocate (keyword or JAXLAKE_PREALLOCATE): the first allocation
+    takes the whole capacity as one segment, with real bytes on the host
+    backend; the next ones create nothing."""
+    lake = jaxlake.Lake("host", capacity=32 * MIB, preallocate=True)
+    assert lake.options["preallocate"] is True
+    a = lake.allocate(MIB)
+    assert lake.physical_bytes() == 32 * MIB
+    b = lake.allocate(24 * MIB)
+    ctypes.memset(b, 7, 24 * MIB)
+    assert ctypes.string_at(b + 24 * MIB - 1, 1) == b"\x07"
+    assert lake.stats().segments == 1
+    for address in (a, b):
+        lake.free(address)
+    lake.check()
+    monkeypatch.setenv("JAXLAKE_PREALLOCATE", "1")
+    lake = jaxlake.Lake("sim", capacity=64 * MIB)
+    assert lake.options["preallocate"] is True
+    lake.free(lake.allocate(3 * MIB))
+    assert lake.physical_bytes() == 64 * MIB
+    monkeypatch.setenv("JAXLAKE_PREALLOCATE", "0")
+    lake = jaxlake.Lake("sim", capacity=64 * MIB)
+    lake.free(lake.allocate(3 * MIB))
+    assert lake.physical_bytes() == 4 * MIB
+
+
 @pytest.mark.parametrize("call", ["create", "map", "reserve", "set_access"])
 def test_injected_driver_fault(make_lake: MakeLake, call: str) -> None:
     lake = make_lake()

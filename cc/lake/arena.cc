@@ -198,6 +198,8 @@ Status Lake::Impl::CreateSegment(std::unique_lock<std::mutex>& lk,
   }
   lk.lock();
   pending_bytes -= bytes;
+  ++creations;
+  created.notify_all();
   if (s != Status::kOk && !fresh) {
     // Give the stretch back when nothing was placed after it meanwhile;
     // an emptied range stays current (ReleaseFreeSegments frees it).
@@ -264,8 +266,12 @@ bool Lake::Impl::ClaimCapacity(std::uint64_t n) {
 // 1/kGrowAhead of what the lake holds, at most `most`), else `need`.
 // Returns the chunks claimed, 0 when the capacity forbids even `need`.
 std::uint64_t Lake::Impl::ClaimGrowth(std::uint64_t need, std::uint64_t most) {
-  const std::uint64_t want = std::max<std::uint64_t>(
+  std::uint64_t want = std::max<std::uint64_t>(
       opt.grow_min / gran, HeldBytes() / gran / kGrowAhead);
+  if (prealloc_pending) {  // the first growth of a preallocating lake
+    prealloc_pending = false;
+    want = std::max<std::uint64_t>(want, capacity / gran);
+  }
   if (want > need) {
     const std::size_t held = HeldBytes();
     const std::uint64_t left = held < capacity ? (capacity - held) / gran : 0;
@@ -311,9 +317,15 @@ Status Lake::Impl::ClaimPrimary(std::unique_lock<std::mutex>& lk,
     *how = len == n ? AllocState::fit : AllocState::split;
     return Status::kOk;
   }
-  const std::uint64_t chunks = ClaimGrowth(ChunkUp(n) / cu);
+  const std::uint64_t need = ChunkUp(n) / cu;
+  const std::uint64_t chunks = ClaimGrowth(need);
   if (chunks == 0) return Status::kOutOfMemory;
   Status cs = CreateSegment(lk, chunks, seg_out);
+  // A segment larger than the request needs (a preallocation, a growth
+  // share) that the driver refuses for lack of memory, as on a device that
+  // other programs use too: the request's own chunks are tried instead.
+  if (cs == Status::kOutOfMemory && chunks > need && ClaimCapacity(need))
+    cs = CreateSegment(lk, need, seg_out);
   if (cs != Status::kOk) return cs;
   Carve(*seg_out, 0, n, state, owner);
   *start_out = 0;

@@ -88,6 +88,13 @@ struct LakeOptions {
   // 0 (the default): the request's chunks, and at least 1/16 of what the
   // lake holds. Measured in docs/benchmarks.md ("Growth step").
   std::size_t grow_min = 0;
+  // Take the whole capacity as one segment at the first growth (JAX's
+  // default preallocation, for a device the program has to itself): the
+  // least driver time, placement in one contiguous range, and the highest
+  // fit capacity on the measured traces, but the memory is held from the
+  // start (docs/design.md, "Preallocation"). A creation the driver refuses
+  // for lack of memory falls back to growth on demand.
+  bool preallocate = false;
   // Keep an in-memory trace of allocate/free events.
   bool record_trace = false;
 };

@@ -11,6 +11,7 @@
 #include <algorithm>
 #include <cassert>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
 #include <cstdlib>
 #include <list>
@@ -64,6 +65,14 @@ struct Lake::Impl {
   LiveTable live{2048};
   std::unordered_map<Stream, StreamState> streams;
   std::size_t pending_bytes = 0;  // physical bytes being created right now
+  // Segment creations finished (whether they succeeded or not), and the
+  // signal of each: a request refused while others' creations hold the
+  // capacity waits for one to finish (WithReclaim).
+  std::uint64_t creations = 0;
+  std::condition_variable created;
+  // preallocate: the first growth takes the whole capacity; it is tried
+  // once (a refusal falls back to growth on demand).
+  bool prealloc_pending = false;
   // Something was freed since the lake last claimed memory to grow. While
   // nothing was, the program is only building up state, and a stitch's
   // shortfall is sized as a growth (TryStitch).
@@ -93,7 +102,8 @@ struct Lake::Impl {
         cu(static_cast<std::uint64_t>(d.granularity() / o.alignment)),
         capacity(o.capacity ? o.capacity : d.total_memory()),
         max_request(capacity / gran * gran),
-        slab_bytes(o.small_slab ? o.small_slab : d.granularity()) {
+        slab_bytes(o.small_slab ? o.small_slab : d.granularity()),
+        prealloc_pending(o.preallocate) {
   }
 
   // ---- stream ordering and events (streams.cc) -------------------------
@@ -223,6 +233,17 @@ struct Lake::Impl {
     Status r = attempt();
     if (r != Status::kOutOfMemory) return r;
     ++st.reclaims;
+    // Capacity claimed by other threads' segment creations in flight (lock
+    // released) is not lost: wait for them to finish, then try again,
+    // before reclaiming anything. (This thread's own claims are settled
+    // when an attempt returns.)
+    while (r == Status::kOutOfMemory && pending_bytes > 0) {
+      const std::uint64_t gen = creations;
+      created.wait(lk, [&] { return creations != gen; });
+      seen = changes;
+      r = attempt();
+    }
+    if (r != Status::kOutOfMemory) return r;
     for (int restart = 0;; ++restart) {
       for (int round = 0; round < 3; ++round) {
         bool progress = false;

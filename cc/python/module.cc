@@ -294,6 +294,7 @@ NB_MODULE(_core, m) {
       .def_rw("max_pieces", &LakeOptions::max_pieces)
       .def_rw("stitch_cache", &LakeOptions::stitch_cache)
       .def_rw("grow_min", &LakeOptions::grow_min)
+      .def_rw("preallocate", &LakeOptions::preallocate)
       .def_rw("record_trace", &LakeOptions::record_trace);
 
   nb::class_<PyLake>(m, "Lake", "A lake over its own driver stack.")

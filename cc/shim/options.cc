@@ -34,6 +34,7 @@ constexpr SizeOption kSizes[] = {
 constexpr BoolOption kBools[] = {
     {"stitch", "JAXLAKE_STITCH", &LakeOptions::stitch},
     {"stitch_grow", "JAXLAKE_STITCH_GROW", &LakeOptions::stitch_grow},
+    {"preallocate", "JAXLAKE_PREALLOCATE", &LakeOptions::preallocate},
     {"record_trace", "JAXLAKE_RECORD_TRACE", &LakeOptions::record_trace},
 };
 

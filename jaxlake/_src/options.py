@@ -149,6 +149,12 @@ OPTIONS: Tuple[Option, ...] = (
            "Least bytes of a segment made to grow the lake (cut to the "
            "capacity left); 0: the request's chunks, and at least 1/16 of "
            "what the lake holds."),
+    Option("preallocate", "bool", False,
+           "Take the whole capacity as one segment at the first allocation "
+           "(as JAX preallocates), for a device the program has to itself: "
+           "the fewest driver calls and the highest fit capacity, but the "
+           "memory is held from the start; a creation refused for lack of "
+           "memory falls back to growth on demand."),
     Option("record_trace", "bool", False,
            "Keep an in-memory trace of allocate/free events (Lake.trace())."),
 )

@@ -754,6 +754,98 @@ class MapHookDriver : public jaxlake::vmm::SimDriver {
   int maps_ = 0;
 };
 
+// preallocate: the first growth takes the whole capacity as one segment;
+// later requests are served from it with no create, and it is taken once
+// (after empty_cache the lake grows on demand).
+TEST(preallocate_takes_the_capacity_at_the_first_growth) {
+  jaxlake::vmm::SimDriver drv(Small(1024 * kMiB));
+  LakeOptions o = Capped(64 * kMiB);
+  o.preallocate = true;
+  Lake lake(drv, o);
+  AllocState how{};
+  auto a = Alloc(lake, kMiB, &how);
+  CHECK(how == AllocState::grow);
+  CHECK_EQ(lake.stats().bytes_reserved.current,
+           static_cast<std::int64_t>(64 * kMiB));
+  std::vector<std::uintptr_t> ps{a};
+  for (std::size_t n : {9 * kMiB, 20 * kMiB, 30 * kMiB, 3 * kMiB})
+    ps.push_back(Alloc(lake, n, &how));
+  CHECK_EQ(drv.calls(Call::create), 1u);
+  CHECK_EQ(drv.calls(Call::reserve), 1u);
+  std::uintptr_t p = 0;  // 63 MiB live: no room for 2 MiB
+  CHECK(lake.allocate(2 * kMiB, 0, &p) == Status::kOutOfMemory);
+  CHECK_EQ(lake.check(), std::string());
+  for (auto q : ps) CHECK(lake.free(q, 0) == Status::kOk);
+  lake.empty_cache();
+  CHECK_EQ(lake.stats().bytes_reserved.current, 0);
+  auto b = Alloc(lake, 4 * kMiB);
+  CHECK_EQ(lake.stats().bytes_reserved.current,
+           static_cast<std::int64_t>(4 * kMiB));
+  CHECK(lake.free(b, 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+// A segment larger than the request needs that the driver refuses for
+// lack of memory (a device that another lake uses too) falls back to the
+// request's own chunks: a preallocation, and a growth share.
+TEST(refused_larger_segments_fall_back_to_the_request) {
+  jaxlake::vmm::SimDriver drv(Small(128 * kMiB));
+  Lake other(drv, LakeOptions{});
+  auto x = Alloc(other, 62 * kMiB);  // the device has 66 MiB left
+  {
+    LakeOptions o;
+    o.preallocate = true;
+    Lake lake(drv, o);
+    AllocState how{};
+    auto a = Alloc(lake, 3 * kMiB, &how);
+    CHECK(how == AllocState::grow);
+    CHECK_EQ(lake.stats().bytes_reserved.current,
+             static_cast<std::int64_t>(4 * kMiB));
+    CHECK(lake.free(a, 0) == Status::kOk);
+    CHECK_EQ(lake.check(), std::string());
+  }
+  Lake lake(drv, LakeOptions{});
+  auto a = Alloc(lake, 64 * kMiB);  // 2 MiB left on the device
+  AllocState how{};
+  auto b = Alloc(lake, kMiB, &how);  // its share would be 4 MiB
+  CHECK(how == AllocState::grow);
+  CHECK_EQ(lake.stats().bytes_reserved.current,
+           static_cast<std::int64_t>(66 * kMiB));
+  CHECK_EQ(lake.check(), std::string());
+  for (auto q : {a, b}) CHECK(lake.free(q, 0) == Status::kOk);
+  CHECK(other.free(x, 0) == Status::kOk);
+}
+
+// A request that finds the capacity claimed by another thread's segment
+// creation in flight (lock released) waits for it to finish instead of
+// failing: here the preallocation of the whole capacity. The map hook
+// starts a second thread, which finds no memory, and lets the creation
+// finish only once that thread waits (its refusal counted in reclaims).
+TEST(allocation_waits_for_a_creation_in_flight) {
+  MapHookDriver drv(Small(1024 * kMiB));
+  LakeOptions o = Capped(32 * kMiB);
+  o.preallocate = true;
+  Lake lake(drv, o);
+  std::thread other;
+  std::uintptr_t b = 0;
+  Status bs = Status::kDriverError;
+  drv.hook_at = 1;
+  drv.on_map = [&] {
+    other = std::thread([&] { bs = lake.allocate(8 * kMiB, 0, &b); });
+    while (lake.stats().reclaims == 0) std::this_thread::yield();
+    CHECK_EQ(lake.check(), std::string());
+  };
+  auto a = Alloc(lake, 4 * kMiB);
+  other.join();
+  CHECK(bs == Status::kOk);
+  CHECK(b >= a + 4 * kMiB && b + 8 * kMiB <= a + 32 * kMiB);
+  CHECK_EQ(drv.calls(Call::create), 1u);
+  CHECK_EQ(lake.stats().bytes_reserved.current,
+           static_cast<std::int64_t>(32 * kMiB));
+  for (auto q : {a, b}) CHECK(lake.free(q, 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+}
+
 // While a tail-led stitch maps its pieces (lock released), other threads
 // allocate from the free units of the chunks it maps and free the block
 // beside its lead: nothing overlaps and every invariant holds.
