@@ -467,7 +467,8 @@ def _set_allocator_env() -> None:
         warnings.warn(
             f"{PREALLOCATE_ENV}={prealloc} is replaced by false: "
             "preallocation would hand the whole device to the lake in one "
-            "block at start", stacklevel=4)
+            "block at start (JAXLAKE_PREALLOCATE=1 makes the lake take its "
+            "capacity at its first allocation instead)", stacklevel=4)
     os.environ[PREALLOCATE_ENV] = "false"
     _warn_versions_and_routing()
 

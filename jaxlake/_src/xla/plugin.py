@@ -271,5 +271,7 @@ def routing_warnings(environ: Mapping[str, str],
             "0", "false", "no", "off"):
         out.append(f"{preallocate_env}={prealloc}: preallocation hands the "
                    "whole device to the lake in one block at start "
-                   "(configure() and `jaxlake run` set it to false)")
+                   "(configure() and `jaxlake run` set it to false; "
+                   "JAXLAKE_PREALLOCATE=1 makes the lake take its capacity "
+                   "at its first allocation instead)")
     return out
