@@ -471,6 +471,9 @@ class Run {
       LakeOptions o;
       o.capacity = 64 * kMiB;
       o.stitch_cache = 2;
+      // Every other one preallocates: its one creation meets the faults
+      // (a refused one falls back to growth on demand).
+      o.preallocate = (n_.extra_lakes % 2) == 0;
       Lake extra(*faulty_, o);
       faulty_->clear();
       armed_ = kind % vmm::kNumCalls;
