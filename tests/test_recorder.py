@@ -243,14 +243,23 @@ def test_per_tensor_needs_flags_before_jax_starts(tmp_path: Path) -> None:
         recorder.Recorder(str(tmp_path / "x.jsonl"), "x", per_tensor=True)
 
 
-def test_bundled_suite_is_what_build_py_lists() -> None:
+_SUITE_FOLDER = Path(__file__).resolve().parents[1] / "benchmarks" / "traces"
+
+
+def _build_py() -> Any:
+    """benchmarks/traces/build.py, loaded as a module."""
     import importlib.util
-    folder = Path(__file__).resolve().parents[1] / "benchmarks" / "traces"
-    spec = importlib.util.spec_from_file_location("suite_build",
-                                                  folder / "build.py")
+    spec = importlib.util.spec_from_file_location(
+        "suite_build", _SUITE_FOLDER / "build.py")
     assert spec is not None and spec.loader is not None
     build = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(build)
+    return build
+
+
+def test_bundled_suite_is_what_build_py_lists() -> None:
+    folder = _SUITE_FOLDER
+    build = _build_py()
     # Built by build.py, or kept from earlier examples (build.KEPT).
     names = {s.name for s in build.SUITE} | set(build.KEPT)
     files = {p.name[:-len(".jsonl.gz")] for p in folder.glob("*.jsonl.gz")}
@@ -271,13 +280,7 @@ def test_per_tensor_variants_are_apart_from_the_suite(
         capsys: pytest.CaptureFixture[str]) -> None:
     """build.py --per-tensor lists its own traces, each recorded per
     logical buffer, and refuses to write them into the bundled folder."""
-    import importlib.util
-    folder = Path(__file__).resolve().parents[1] / "benchmarks" / "traces"
-    spec = importlib.util.spec_from_file_location("suite_build2",
-                                                  folder / "build.py")
-    assert spec is not None and spec.loader is not None
-    build = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(build)
+    build = _build_py()
     names = [s.name for s in build.PER_TENSOR]
     assert len(names) == len(set(names)) == 8
     assert not set(names) & ({s.name for s in build.SUITE} | set(build.KEPT))

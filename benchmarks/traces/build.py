@@ -108,7 +108,8 @@ SUITE: List[Spec] = [
 #: Per-tensor variants of the suite's small configurations, not bundled:
 #: traces the policy was not tuned on, to check it against the other
 #: allocators (docs/benchmarks.md, "Per-tensor variants"). `--per-tensor`
-#: builds these instead of SUITE, into a folder other than this one.
+#: builds these instead of SUITE, into a folder other than this one. (An
+#: option given twice takes its last value.)
 _PT = ("--preset", "small", "--steps", "4", "--batch", "16", "--seq-len",
        "128", "--dtype", "bfloat16", "--no-scan-layers", "--trace-per-tensor")
 PER_TENSOR: List[Spec] = [
@@ -123,9 +124,7 @@ PER_TENSOR: List[Spec] = [
     Spec("pt-small-dots", "train_lm.py", _PT + ("--remat", "dots-saveable"),
          "lm-small-remat-dots-saveable unrolled, per logical buffer"),
     Spec("pt-small-b8-s256", "train_lm.py",
-         ("--preset", "small", "--steps", "4", "--batch", "8", "--seq-len",
-          "256", "--dtype", "bfloat16", "--no-scan-layers",
-          "--trace-per-tensor"),
+         _PT + ("--batch", "8", "--seq-len", "256"),
          "lm-small-per-tensor at batch 8, sequence length 256"),
     Spec("pt-small-buckets-eval", "train_lm.py",
          _PT + ("--seq-buckets", "32,64,96,128", "--steps", "8",
@@ -133,10 +132,7 @@ PER_TENSOR: List[Spec] = [
          "lm-small-buckets-eval unrolled, per logical buffer"),
     Spec("pt-small-lora-r8", "finetune_lora.py", _PT + ("--rank", "8"),
          "lm-small-lora-r8 unrolled, per logical buffer"),
-    Spec("pt-small-f32", "train_lm.py",
-         ("--preset", "small", "--steps", "4", "--batch", "16", "--seq-len",
-          "128", "--dtype", "float32", "--no-scan-layers",
-          "--trace-per-tensor"),
+    Spec("pt-small-f32", "train_lm.py", _PT + ("--dtype", "float32"),
          "lm-small-per-tensor in float32"),
 ]
 
