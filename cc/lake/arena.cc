@@ -263,7 +263,8 @@ bool Lake::Impl::ClaimCapacity(std::uint64_t n) {
 
 // Claims capacity for a growth that needs `need` chunks: a larger segment
 // where the capacity left allows it (at least grow_min bytes, and at least
-// 1/kGrowAhead of what the lake holds, at most `most`), else `need`.
+// 1/kGrowAhead of what the lake holds, the whole capacity at a
+// preallocating lake's first growth; at most `most`), else `need`.
 // Returns the chunks claimed, 0 when the capacity forbids even `need`.
 std::uint64_t Lake::Impl::ClaimGrowth(std::uint64_t need, std::uint64_t most) {
   std::uint64_t want = std::max<std::uint64_t>(
