@@ -631,3 +631,83 @@ def test_lake_options_the_lake_refuses_are_a_usage_error(
                     "--lake-option", "small_limit=4MiB"])
     assert code == 2
     assert "is larger than one small slab" in capsys.readouterr().err
+
+
+def hole_trace(path: pathlib.Path) -> str:
+    """a and b of 6 MiB, a freed, then c of 8 MiB: c fits a's hole only
+    if the allocator can join the hole to more memory."""
+    with TraceWriter(str(path), "hole") as w:
+        w.alloc(1, 6 * MIB)
+        w.alloc(2, 6 * MIB)
+        w.free(1)
+        w.alloc(3, 8 * MIB)
+        w.free(2)
+        w.free(3)
+    return str(path)
+
+
+def test_preallocate_replays_the_preallocating_policies_so(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--preallocate makes jaxlake, bfc and bfc-growth take the whole
+    device as their first region; worked out by hand on hole_trace (peak
+    live 14 MiB, b and c):
+    - bfc in one region of the capacity: a at 0, b at 6 MiB, a's 6 MiB
+      hole is too small for c, which goes at 12 MiB: fit 20 MiB (U_fit
+      0.7), one cudaMalloc (create, map, access). Growing, its second
+      region holds b and c's hole, so it fits in 14 MiB;
+    - jaxlake: one segment of 14 MiB (7 chunks), c stitched from a's
+      three chunks and one more: fit 14 MiB, 1 create, and 3 maps (the
+      segment, and the stitch's two pieces);
+    - torch has no such mode: its figures do not change."""
+    path = hole_trace(tmp_path / "hole.jsonl")
+    out_json = tmp_path / "r.json"
+    code, out = _cli(["replay", path, "--fit", "--preallocate", "--json",
+                      str(out_json)])
+    assert code == 0
+    assert "preallocating: jaxlake, bfc, bfc-growth" in out
+    data = json.loads(out_json.read_text())
+    assert data["preallocate"] == ["jaxlake", "bfc", "bfc-growth"]
+    res = data["results"]
+    assert res["bfc"]["fit_capacity"] == 20 * MIB
+    assert res["bfc"]["u_fit"] == pytest.approx(0.7)
+    assert (res["bfc"]["fit_calls"]["create"], res["bfc"]["fit_calls"]["map"],
+            res["bfc"]["fit_calls"]["set_access"]) == (1, 1, 1)
+    assert res["bfc-growth"]["fit_capacity"] == 20 * MIB
+    assert res["bfc-growth"]["fit_calls"]["create"] == 1
+    assert res["jaxlake"]["fit_capacity"] == 14 * MIB
+    assert res["jaxlake"]["u_fit"] == pytest.approx(1.0)
+    assert (res["jaxlake"]["fit_calls"]["create"],
+            res["jaxlake"]["fit_calls"]["map"]) == (1, 3)
+    # Uncapped, each preallocating policy holds the whole device.
+    for p in ("jaxlake", "bfc", "bfc-growth"):
+        assert res[p]["peak_reserved"] == res[p]["device_memory"]
+    code, _ = _cli(["replay", path, "--fit", "--json", str(out_json)])
+    plain = json.loads(out_json.read_text())
+    assert plain["preallocate"] == []
+    grown = plain["results"]
+    assert grown["bfc"]["fit_capacity"] == 14 * MIB
+    assert grown["bfc"]["fit_calls"]["create"] == 2
+    for key in ("fit_capacity", "fit_calls", "peak_reserved", "calls"):
+        assert grown["torch"][key] == res["torch"][key]
+    # A lake option that says otherwise is refused by name.
+    code, _ = _cli(["replay", path, "--preallocate",
+                    "--lake-option", "preallocate=false"])
+    assert code == 2
+    assert "--preallocate and --lake-option preallocate=false" in \
+        capsys.readouterr().err
+
+
+def test_bench_preallocate_says_which_policies_preallocate(
+        tmp_path: pathlib.Path) -> None:
+    folder = tmp_path / "suite"
+    folder.mkdir()
+    hole_trace(folder / "hole.jsonl")
+    code, out = _cli(["bench", "--suite", str(folder), "--no-plots",
+                      "--no-progress", "--out", str(tmp_path / "out"),
+                      "-p", "bfc,torch", "--preallocate"])
+    assert code == 0 and "preallocating: jaxlake, bfc, bfc-growth" in out
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert data["preallocate"] == ["jaxlake", "bfc", "bfc-growth"]
+    res = data["traces"][0]["results"]
+    assert res["bfc"]["fit_capacity"] == 20 * MIB
+    assert res["torch"]["fit_capacity"] == 20 * MIB

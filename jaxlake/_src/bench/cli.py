@@ -77,15 +77,68 @@ def _add_lake_option(p: argparse.ArgumentParser) -> None:
              "names are those of `jaxlake options` that a replay can set")
 
 
-def _lake_overrides(args: argparse.Namespace) -> Dict[str, object]:
-    """The replay's policy overrides from --lake-option."""
-    return {f"lake_{name}": value for name, value, _ in args.lake_option}
+# --preallocate: the policies that have a preallocating mode, as JAX's
+# default (XLA_PYTHON_CLIENT_PREALLOCATE=true) runs them, and the
+# PolicyOptions that select it. Every first region is cut to the device, so
+# a size past any device's means "the whole device":
+# - jaxlake: its preallocate option (docs/design.md, "Preallocation");
+# - bfc: allow_growth = !preallocate, and without growth the first region
+#   is the whole memory limit (xla/pjrt/gpu/gpu_helpers.cc
+#   CreateBFCAllocator; xla/tsl/framework/bfc_allocator.cc, the
+#   BFCAllocator constructor);
+# - bfc-growth: its initial region set to the whole memory fraction, so its
+#   first extension is the whole device.
+# torch, torch-expandable, gmlake and xla-vmm have no such mode.
+_WHOLE_DEVICE = 1 << 60
+PREALLOCATING = ("jaxlake", "bfc", "bfc-growth")
+_PREALLOCATE_OPTIONS: Dict[str, object] = {
+    "lake_preallocate": True,
+    "bfc_initial_region": _WHOLE_DEVICE,
+    "bfc_growth_increment": _WHOLE_DEVICE,
+}
+
+
+def _add_preallocate(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--preallocate", action="store_true",
+        help="replay jaxlake, bfc and bfc-growth as preallocating, as JAX "
+             "runs by default: each takes the whole device (the fit "
+             "capacity, at the fit) as its first region; the other "
+             "policies have no such mode. Uncapped U then means nothing "
+             "for those three; U_fit and the fit's driver figures are "
+             "what compares")
+
+
+def _overrides(args: argparse.Namespace) -> Dict[str, object]:
+    """The replay's policy overrides from --lake-option and
+    --preallocate."""
+    out: Dict[str, object] = {f"lake_{name}": value
+                              for name, value, _ in args.lake_option}
+    if args.preallocate:
+        if out.get("lake_preallocate", True) is not True:
+            raise PolicyError("--preallocate and --lake-option "
+                              "preallocate=false contradict each other")
+        out.update(_PREALLOCATE_OPTIONS)
+    return out
+
+
+def _checked_overrides(command: str, args: argparse.Namespace
+                       ) -> Optional[Dict[str, object]]:
+    """_overrides(args), or None after saying why they contradict."""
+    try:
+        return _overrides(args)
+    except PolicyError as e:
+        _error(command, str(e))
+        return None
 
 
 def _lake_note(args: argparse.Namespace) -> str:
     chosen = args.lake_option
-    return ("; lake options " + ", ".join(f"{n}={t}" for n, _, t in chosen)
+    note = ("; lake options " + ", ".join(f"{n}={t}" for n, _, t in chosen)
             if chosen else "")
+    if args.preallocate:
+        note += "; preallocating: " + ", ".join(PREALLOCATING)
+    return note
 
 
 def _policies(values: Optional[Sequence[str]]) -> List[str]:
@@ -185,6 +238,7 @@ def register(commands: Any) -> None:
                    help="skip malformed lines of damaged traces")
     _add_latency(b)
     _add_lake_option(b)
+    _add_preallocate(b)
     _add_wide(b)
     b.add_argument("--check", action="store_true",
                    help="exit with status 3 when a PASS/FAIL claim fails")
@@ -223,6 +277,7 @@ def register(commands: Any) -> None:
                         "and report what was skipped")
     _add_latency(r)
     _add_lake_option(r)
+    _add_preallocate(r)
     _add_wide(r)
     r.set_defaults(func=replay_command)
 
@@ -344,12 +399,15 @@ def bench_command(args: argparse.Namespace,
                             f"{folder}")
             return EXIT_INPUT
         source = folder
+    options = _checked_overrides("bench", args)
+    if options is None:
+        return EXIT_USAGE
     progress = bench.Progress(len(paths) * len(policies),
                               enabled=False if args.no_progress else None)
     try:
         suite = bench.run_suite(paths, policies, args.capacity, progress,
                                 lenient=args.lenient, latency=latency,
-                                fit=True, options=_lake_overrides(args))
+                                fit=True, options=options)
     except tracefile.TraceError as e:
         progress.close()
         _error("bench", str(e))
@@ -377,7 +435,9 @@ def bench_command(args: argparse.Namespace,
             suite, args.out, args.capacity, plots=not args.no_plots,
             extra={"elapsed_s": elapsed, "source": source,
                    "latency": latency.source if latency else "defaults",
-                   "lake_options": {n: t for n, _, t in args.lake_option}})
+                   "lake_options": {n: t for n, _, t in args.lake_option},
+                   "preallocate": list(PREALLOCATING) if args.preallocate
+                   else []})
     except Exception as e:  # a plot error must not lose the table
         _error("bench", f"writing outputs failed: {e}")
         return EXIT_INPUT
@@ -439,10 +499,13 @@ def replay_command(args: argparse.Namespace,
     # Under a capacity every figure shown (table, lines, plot) is of the run
     # under that capacity; --json keeps the uncapped figures and adds them.
     fit = bool(args.fit or args.json)
+    options = _checked_overrides("replay", args)
+    if options is None:
+        return EXIT_USAGE
     try:
         replayed = [replay(trace, p, args.capacity, latency=latency, fit=fit,
                            capped_figures=args.capacity is not None,
-                           options=_lake_overrides(args))
+                           options=options)
                     for p in policies]
     except PolicyError as e:
         _error("replay", f"--lake-option: {e}")
@@ -494,6 +557,8 @@ def replay_command(args: argparse.Namespace,
                           "skipped_count": int(trace.core.skipped_count)},
                 "capacity": str(args.capacity) if args.capacity else None,
                 "lake_options": {n: t for n, _, t in args.lake_option},
+                "preallocate": list(PREALLOCATING) if args.preallocate
+                else [],
                 "results": {r.policy: r.to_json() for r in replayed}}
         if not _write_json("replay", args.json, data, out):
             return EXIT_INPUT
