@@ -15,6 +15,7 @@ from typing import List, Tuple
 import pytest
 
 from jaxlake._src.bench import columns
+from jaxlake._src.bench import replay
 from jaxlake._src.bench import suite as bench
 from jaxlake._src.bench import cli as bench_cli
 from jaxlake._src.trace import tracefile
@@ -571,3 +572,33 @@ def test_every_policy_and_column_is_declared_once() -> None:
         assert f"{c.name}: {c.meaning}" in text
     narrow = [c for c in columns.COLUMN_TABLE if c.narrow]
     assert "p99:" not in columns.legend(narrow, 1000)
+
+
+def test_u_claim_names_every_trace_below_its_target(
+        tmp_path: pathlib.Path) -> None:
+    """The claim's detail names the lowest trace, and also each trace below
+    0.95 that the lowest one (bounded by its granularity) hides."""
+    import dataclasses
+    with TraceWriter(str(tmp_path / "t.jsonl"), "t") as w:
+        w.alloc(1, 3 * MIB)
+        w.free(1)
+    r = replay.replay(tracefile.read_trace(str(tmp_path / "t.jsonl")),
+                      "jaxlake")
+
+    def one(name: str, u: float, live: int, least: int) -> bench.TraceResults:
+        res = dataclasses.replace(r, utilisation=u, peak_live=live,
+                                  min_reserved=least)
+        return bench.TraceResults(name=name, path="", events=2, devices=1,
+                                  peak_live=live, load_s=0.0, results=[res])
+
+    suite = [one("bounded", 0.75, 3 * MIB, 4 * MIB),   # at its bound
+             one("fine", 0.97, 97 * MIB, 98 * MIB),
+             one("short", 0.90, 90 * MIB, 90 * MIB)]   # bound 1.0
+    claim = bench.comparisons(suite)[0]
+    assert claim.claim.startswith("jaxlake U >= 0.95")
+    assert claim.ok is False
+    assert "lowest U 0.750 on bounded" in claim.detail
+    assert "below: short U 0.900" in claim.detail
+    assert "fine" not in claim.detail
+    claim = bench.comparisons(suite[:2])[0]
+    assert claim.ok is True and "below" not in claim.detail

@@ -704,10 +704,18 @@ def test_bench_preallocate_says_which_policies_preallocate(
     hole_trace(folder / "hole.jsonl")
     code, out = _cli(["bench", "--suite", str(folder), "--no-plots",
                       "--no-progress", "--out", str(tmp_path / "out"),
-                      "-p", "bfc,torch", "--preallocate"])
+                      "-p", "jaxlake,bfc,torch", "--preallocate"])
     assert code == 0 and "preallocating: jaxlake, bfc, bfc-growth" in out
     data = json.loads((tmp_path / "out" / "results.json").read_text())
     assert data["preallocate"] == ["jaxlake", "bfc", "bfc-growth"]
     res = data["traces"][0]["results"]
     assert res["bfc"]["fit_capacity"] == 20 * MIB
     assert res["torch"]["fit_capacity"] == 20 * MIB
+    # Only the fit's claims are made: uncapped U says nothing there.
+    claims = [c["claim"] for c in data["comparisons"]]
+    assert "uncapped U and W" in claims
+    assert not any(c.startswith("jaxlake U >=") for c in claims)
+    assert "jaxlake U_fit >= every other policy's U_fit, per trace" in claims
+    fit_claim = next(c for c in data["comparisons"]
+                     if c["claim"].startswith("jaxlake U_fit"))
+    assert fit_claim["ok"] is True  # 1.0 against 0.7 and 0.7

@@ -424,7 +424,7 @@ def bench_command(args: argparse.Namespace,
     out.write(wrap(f"jaxlake bench: {len(suite)} trace(s) from {source}, "
                    f"{len(policies)} policies{cap}") + "\n\n")
     out.write(columns.render(suite, wide=args.wide) + "\n\n")
-    claims = bench.comparisons(suite)
+    claims = bench.comparisons(suite, preallocated=args.preallocate)
     # (continuation lines under the claim, past its PASS/FAIL mark)
     out.write(wrap("comparisons:\n" + bench.format_comparisons(claims),
                    hang=6) + "\n")
