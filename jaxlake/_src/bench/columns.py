@@ -149,7 +149,7 @@ COLUMN_TABLE: Tuple[Column, ...] = (
 POLICY_DOCS: Tuple[Tuple[str, str], ...] = (
     ("jaxlake", "this allocator: virtual memory stitching over VMM chunks"),
     ("bfc", "XLA's BFC allocator (its GPU default): regions that double "
-            "as it grows"),
+            "as it grows (with --preallocate, one region of the device)"),
     ("torch", "PyTorch's CUDA caching allocator"),
     ("torch-expandable", "PyTorch's caching allocator with "
                          "expandable_segments:True"),
@@ -157,7 +157,8 @@ POLICY_DOCS: Tuple[Tuple[str, str], ...] = (
     ("xla-vmm", "XLA's VMM allocator (XLA_PYTHON_CLIENT_ALLOCATOR=vmm): "
                 "one mapping per buffer, exact-size reuse"),
     ("bfc-growth", "XLA's growing BFC (XLA_PJRT_GPU_BFC_ALLOW_GROWTH): one "
-                   "virtual range, 64 MiB physical steps"),
+                   "virtual range, 64 MiB physical steps (with "
+                   "--preallocate, one step of the device)"),
 )
 
 #: The header of every layout's first columns.
