@@ -704,7 +704,8 @@ def test_bench_preallocate_says_which_policies_preallocate(
     hole_trace(folder / "hole.jsonl")
     code, out = _cli(["bench", "--suite", str(folder), "--no-plots",
                       "--no-progress", "--out", str(tmp_path / "out"),
-                      "-p", "jaxlake,bfc,torch", "--preallocate"])
+                      "-p", "jaxlake,bfc,torch", "--preallocate",
+                      "--wide"])  # the header whole, however long its path
     assert code == 0 and "preallocating: jaxlake, bfc, bfc-growth" in out
     data = json.loads((tmp_path / "out" / "results.json").read_text())
     assert data["preallocate"] == ["jaxlake", "bfc", "bfc-growth"]
