@@ -5,7 +5,7 @@
 //   jaxlake           the real jaxlake::Lake over a vmm::SimDriver
 //   bfc               XLA's BFC allocator with growth        (bfc.cc)
 //   torch             PyTorch's CUDA caching allocator        (torch.cc)
-//   torch-expandable  PyTorch's expandable segments           (expandable.cc)
+//   torch-expandable  PyTorch's expandable segments           (torch.cc)
 //   gmlake            GMLake as published                     (gmlake.cc)
 //   xla-vmm           XLA's DeviceAddressVmmAllocator         (xla_vmm.cc)
 //   bfc-growth        XLA's BFC over one growing range        (bfc_growth.cc)
