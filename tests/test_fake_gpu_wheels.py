@@ -251,16 +251,18 @@ def _wheels_reason() -> Optional[str]:
         return reason
     if not os.path.isfile(fakegpu.library_path()):
         return f"this build has no fake GPU ({fakegpu.library_path()})"
+    major = fakegpu.cuda_major()
     try:
-        if importlib.util.find_spec("jax_plugins.xla_cuda12") is None:
-            return "JAX's CUDA 12 plugin is not installed"
+        if importlib.util.find_spec(f"jax_plugins.xla_cuda{major}") is None:
+            return "JAX's CUDA plugin is not installed"
     except (ImportError, ValueError):
-        return "JAX's CUDA 12 plugin cannot be imported"
-    if not {"nvidia.cuda_runtime", "nvidia.cublas", "nvidia.cudnn"} <= \
-            set(fakegpu.nvidia_wheels()):
-        return ("NVIDIA's CUDA wheels are not installed (pip install "
-                "'jax[cuda12]' brings them; the test extra leaves them out, "
-                "they are gigabytes)")
+        return f"JAX's CUDA {major} plugin cannot be imported"
+    wheels = ({"nvidia.cu13", "nvidia.cudnn"} if major == 13 else
+              {"nvidia.cuda_runtime", "nvidia.cublas", "nvidia.cudnn"})
+    if not wheels <= set(fakegpu.nvidia_wheels()):
+        return (f"NVIDIA's CUDA {major} wheels are not installed (pip "
+                f"install 'jax[cuda{major}]' brings them; the test extra "
+                "leaves them out, they are gigabytes)")
     return None
 
 
@@ -341,7 +343,9 @@ def test_jax_over_nvidias_wheels_runs_on_the_fake_and_maps_none_of_them(
     assert out["served"].get("forwarded", 1) == 0, out
     # The plugin asked for NVIDIA's libraries by path; the fake's came.
     routed = _check_loads(tmp_path)
-    for name in ("libcudart.so.12", "libcublas.so.12", "libcudnn.so.9"):
+    major = fakegpu.cuda_major()
+    for name in (f"libcudart.so.{major}", f"libcublas.so.{major}",
+                 "libcudnn.so.9"):
         assert name in routed, routed
     calls = json.loads((tmp_path / "stats.json").read_text())["calls"]
     assert int(calls.get("cuGetExportTable", 0)) == 0, calls

@@ -152,7 +152,7 @@ const char* Keep(const char* path) {
 
 void Trace(const char* asked, const char* loaded, bool found) {
   if (g_trace < 0) return;
-  char line[3 * k_max_path];
+  char line[2 * k_max_path + 16];
   size_t n = 0;
   auto add = [&](const char* s) {
     size_t k = strlen(s);

@@ -177,7 +177,7 @@ def environment(environ: Dict[str, str], model: str, count: int,
         # Without it NVIDIA's wheels, where installed, would put NVIDIA's
         # runtime over the fake driver.
         raise ConfigurationError(
-            f"this build of jaxlake has no loader guard for the fake GPU "
+            "this build of jaxlake has no loader guard for the fake GPU "
             f"({guard} is missing), so nothing keeps JAX's plugin from "
             "loading NVIDIA's own libraries; reinstall jaxlake")
     env: Dict[str, str] = {
