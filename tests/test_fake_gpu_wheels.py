@@ -138,6 +138,13 @@ LM_ID_NEWLM, RTLD_NOW = -1, 2
 handle = libc.dlmopen(LM_ID_NEWLM, t["cublas"].encode(), RTLD_NOW)
 out["dlmopen"] = (ctypes.CFUNCTYPE(ctypes.c_int)(libc.dlsym(handle, b"which"))()
                   if handle else None)
+# RTLD_NOLOAD, as a program asks whether a library is loaded already.
+libc.dlopen.restype = ctypes.c_void_p
+libc.dlopen.argtypes = [ctypes.c_char_p, ctypes.c_int]
+RTLD_NOLOAD = 4
+handle = libc.dlopen(t["cublas"].encode(), RTLD_NOW | RTLD_NOLOAD)
+out["noload"] = (ctypes.CFUNCTYPE(ctypes.c_int)(libc.dlsym(handle, b"which"))()
+                 if handle else None)
 with open("/proc/self/maps") as maps:
     out["mapped"] = sorted({line.split()[-1] for line in maps
                             if t["nvidia"] in line})
@@ -171,7 +178,7 @@ def test_guard_loads_the_fakes_link_for_an_nvidia_path_or_name(
     # By absolute path into site-packages/nvidia, by bare name, and through
     # dlmopen: the fake's library each time (which() == 2), never NVIDIA's.
     assert out["by_path"] == 2 and out["by_name"] == 2, out
-    assert out["dlmopen"] == 2, out
+    assert out["dlmopen"] == 2 and out["noload"] == 2, out
     assert out["mapped"] == [], out
     lines = tree["loads"].read_text().splitlines()
     link = str(tree["links"] / "libcublas.so.12")
@@ -208,6 +215,7 @@ def test_without_the_guard_nvidias_file_is_what_loads(
     for env in ({}, {"LD_PRELOAD": fakegpu.interpose_path()}):
         out = _probe(tree, env)
         assert out["by_path"] == 1 and out["dlmopen"] == 1, (env, out)
+        assert out["noload"] == 1, (env, out)
         assert out["caller"] == 5
         assert out["mapped"] == sorted([str(tree["cublas"]),
                                         str(tree["nvrtc"])]), out
