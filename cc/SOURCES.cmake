@@ -52,3 +52,9 @@ set(JAXLAKE_FAKEGPU_SOURCES
   cc/fakegpu/libs.cc
   cc/fakegpu/stubs.cc
 )
+# The fake GPU's loader guard (cc/fakegpu/interpose.cc), preloaded by
+# `jaxlake run --fake-gpu`: it routes loads of NVIDIA's libraries to the
+# fake's. A list of its own, since it is a library of its own.
+set(JAXLAKE_FAKEGPU_INTERPOSE_SOURCES
+  cc/fakegpu/interpose.cc
+)

@@ -6,9 +6,10 @@ calls in the .cmake files it includes. The Bazel BUILD
 files list the same files again, since Bazel cannot read CMake. These tests
 read both sides, without running either tool, and fail when they differ:
 
-- each `set(JAXLAKE_<NAME>_SOURCES ...)` lists, file for file, the .cc
-  files that the targets of the Bazel package cc/<name> compile (generated
-  files aside);
+- the `set(JAXLAKE_<NAME>_SOURCES ...)` lists of a package cc/<name> (and
+  of its libraries, JAXLAKE_<NAME>_<LIBRARY>_SOURCES) list together, file
+  for file, the .cc files that the targets of the Bazel package cc/<name>
+  compile (generated files aside);
 - every .cc file under cc/ (but cc/python/, which only the Python module
   uses) is in one of those lists, and Bazel compiles no other file of cc/;
 - the shim's hooked entry points, which both builds pass to the trampoline
@@ -316,23 +317,46 @@ def test_both_sides_were_read() -> None:
     assert _project_cc_rules(), "no cc_library/cc_test/cc_binary in the BUILD files"
 
 
-@pytest.mark.parametrize("name", sorted(CMAKE_LISTS))
-def test_cmake_source_list_is_what_the_bazel_package_compiles(name: str) -> None:
-    cmake = CMAKE_LISTS[name]
-    package = f"cc/{name.lower()}"
-    assert len(set(cmake)) == len(cmake), f"JAXLAKE_{name}_SOURCES lists a file twice"
+def list_package(name: str) -> str:
+    """The package of JAXLAKE_<name>_SOURCES: cc/<name>, or for a library of
+    a package, JAXLAKE_<PACKAGE>_<LIBRARY>_SOURCES, the longest cc/<package>
+    folder that the name starts with."""
+    words = name.lower().split("_")
+    for n in range(len(words), 0, -1):
+        package = "cc/" + "_".join(words[:n])
+        if (ROOT / package).is_dir():
+            return package
+    return f"cc/{name.lower()}"
+
+
+PACKAGE_LISTS: Dict[str, List[str]] = {}
+for _name in CMAKE_LISTS:
+    PACKAGE_LISTS.setdefault(list_package(_name), []).append(_name)
+
+
+@pytest.mark.parametrize("package", sorted(PACKAGE_LISTS))
+def test_cmake_source_lists_are_what_the_bazel_package_compiles(package: str) -> None:
+    names = PACKAGE_LISTS[package]
+    lists = " and ".join(f"JAXLAKE_{n}_SOURCES" for n in names)
+    cmake = [f for n in names for f in CMAKE_LISTS[n]]
+    assert len(set(cmake)) == len(cmake), f"{lists} list a file twice"
     compiled = BAZEL.compiled(package)
     assert compiled, (
-        f"cc/SOURCES.cmake sets JAXLAKE_{name}_SOURCES but no Bazel target of "
-        f"{package}/BUILD compiles them; add cc_library(name = {name.lower()!r}, "
-        "srcs = <the same files>) there (docs/bazel.md)"
+        f"cc/SOURCES.cmake sets {lists} but no Bazel target of "
+        f"{package}/BUILD compiles them; add cc_library(name = "
+        f"{package.split('/')[-1]!r}, srcs = <the same files>) there (docs/bazel.md)"
     )
     missing = sorted(set(cmake) - set(compiled))
     extra = sorted(f"{f} ({', '.join(compiled[f])})" for f in set(compiled) - set(cmake))
     assert not missing and not extra, (
-        f"JAXLAKE_{name}_SOURCES (cc/SOURCES.cmake) and the Bazel package //{package} "
+        f"{lists} (cc/SOURCES.cmake) and the Bazel package //{package} "
         f"differ: only in CMake {missing}, only in Bazel {extra}; list each file in both"
     )
+
+
+def test_a_library_list_is_named_after_its_package() -> None:
+    assert list_package("FAKEGPU_INTERPOSE") == "cc/fakegpu"
+    assert list_package("VMM") == "cc/vmm"
 
 
 def test_every_cc_file_is_in_a_cmake_list() -> None:

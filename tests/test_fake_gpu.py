@@ -1,7 +1,9 @@
 """XLA's real GPU client over the fake GPU (`jaxlake run --fake-gpu`).
 
 These run unmodified JAX programs on the CUDA plugin the test extra installs
-(jax[cuda12-local]: no NVIDIA libraries), on a machine with no GPU, with the
+(jax[cuda12-local]: no NVIDIA libraries; with NVIDIA's wheels installed, as
+jax[cuda12] does, the fake's loader guard keeps them out, and
+test_fake_gpu_wheels.py checks that), on a machine with no GPU, with the
 shipped shim and lake serving XLA's pool. Kernels do not run, so only buffer
 bytes that copies write are checked. They are CPU tests of the integration,
 never a stand-in for a GPU figure (benchmarks/gpu/check.sh is that).
@@ -38,9 +40,6 @@ def _plugin_reason() -> Optional[str]:
     from jaxlake._src.xla import fakegpu
     if not os.path.isfile(fakegpu.library_path()):
         return f"this build has no fake GPU ({fakegpu.library_path()})"
-    if fakegpu.nvidia_wheels():
-        return ("NVIDIA's CUDA wheels are installed, and the fake GPU "
-                "refuses to run over them")
     return None
 
 

@@ -11,7 +11,11 @@ the program the environment that makes JAX see the fake devices.
 NVIDIA's own runtime must never run over the fake: it reaches the driver
 through private tables the fake does not implement. JAX's plugin loads
 NVIDIA's pip wheels (nvidia-*-cu12, nvidia-*-cu13) by absolute path when they
-are installed, so with them installed the fake GPU refuses to start.
+are installed (`pip install "jax[cuda12]"`), and by name through its RPATH,
+which the loader searches before LD_LIBRARY_PATH. So the program also gets
+the fake's loader guard (cc/fakegpu/interpose.cc) preloaded: its dlopen and
+dlmopen load every NVIDIA library from the folder of links instead, and
+fail, naming that folder, for one the fake does not have.
 """
 
 from __future__ import annotations
@@ -34,6 +38,11 @@ MODEL_ENV = "JAXLAKE_FAKEGPU_MODEL"
 COUNT_ENV = "JAXLAKE_FAKEGPU_COUNT"
 MEMORY_ENV = "JAXLAKE_FAKEGPU_MEMORY"
 CUDA_ENV = "JAXLAKE_FAKEGPU_CUDA"
+#: The folder of links, for the loader guard (interpose_path()).
+LIBS_ENV = "JAXLAKE_FAKEGPU_LIBS"
+#: A file the loader guard appends each routed load to, when set:
+#: "<asked>\t<loaded>" or "<asked>\trefused\t<path tried>".
+LOADS_ENV = "JAXLAKE_FAKEGPU_LOADS"
 
 MODELS = {"h100": ("H100 80GB", 80 << 30), "h200": ("H200", 141 << 30)}
 
@@ -48,7 +57,8 @@ LIBRARY_NAMES = (
 )
 DRIVER_NAMES = ("libcuda.so.1", "libcuda.so")
 
-#: NVIDIA's wheels that JAX's plugin would load by absolute path.
+#: NVIDIA's wheels that JAX's plugin loads by absolute path (the loader
+#: guard routes those loads to the fake).
 NVIDIA_MODULES = ("nvidia.cuda_runtime", "nvidia.cudnn", "nvidia.cublas",
                   "nvidia.nccl", "nvidia.cu13")
 
@@ -62,6 +72,12 @@ def library_path() -> str:
     """Where the fake GPU's library is installed."""
     return os.path.join(os.path.dirname(_driver.shim_path()),
                         "libjaxlake_fakegpu.so")
+
+
+def interpose_path() -> str:
+    """Where the fake GPU's loader guard is installed."""
+    return os.path.join(os.path.dirname(_driver.shim_path()),
+                        "libjaxlake_fakegpu_interpose.so")
 
 
 def parse_model(value: str) -> str:
@@ -156,15 +172,14 @@ def environment(environ: Dict[str, str], model: str, count: int,
         raise ConfigurationError(
             f"this build of jaxlake has no fake GPU ({fake} is missing; it "
             "is built on x86-64 Linux only)")
-    wheels = nvidia_wheels()
-    if wheels:
+    guard = interpose_path()
+    if not os.path.isfile(guard):
+        # Without it NVIDIA's wheels, where installed, would put NVIDIA's
+        # runtime over the fake driver.
         raise ConfigurationError(
-            "the fake GPU cannot run here: NVIDIA's CUDA wheels are "
-            f"installed ({', '.join(wheels)}), and JAX's CUDA plugin loads "
-            "them by absolute path, so NVIDIA's own runtime would run over "
-            "the fake driver. Use an environment whose plugin has no NVIDIA "
-            "wheels: pip install 'jax[cuda12-local]' (jaxlake's `record` "
-            "extra)")
+            "this build of jaxlake has no loader guard for the fake GPU "
+            f"({guard} is missing), so nothing keeps JAX's plugin from "
+            "loading NVIDIA's own libraries; reinstall jaxlake")
     env: Dict[str, str] = {
         FAKE_ENV: "1", MODEL_ENV: model, COUNT_ENV: str(count),
         CUDA_ENV: str(cuda_major()), _driver.REAL_DRIVER_ENV: fake,
@@ -190,6 +205,12 @@ def environment(environ: Dict[str, str], model: str, count: int,
     folder = library_dir(fake, shim)
     path = environ.get("LD_LIBRARY_PATH", "")
     env["LD_LIBRARY_PATH"] = folder + (":" + path if path else "")
+    # The loader guard: every dlopen of an NVIDIA library, by path or by
+    # name, loads the folder's link of that name (docs/design.md, "The fake
+    # GPU"). `jaxlake run` puts the shim before it.
+    env[LIBS_ENV] = folder
+    preload = environ.get("LD_PRELOAD", "")
+    env["LD_PRELOAD"] = guard + (" " + preload if preload else "")
     notice = NOTICE.format(count=count, name=MODELS[model][0],
                            memory=_options.format_bytes(nbytes))
     notice += env.pop("JAXLAKE_FAKEGPU_NOTE", "")
