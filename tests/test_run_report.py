@@ -257,6 +257,28 @@ def test_lake_memory_stats_takes_the_lakes_figures_and_keeps_xlas_others() -> No
         "largest_free_block_bytes"] == 4 << 20
 
 
+def test_patched_memory_stats_keeps_xlas_figures_where_there_is_no_lake(
+        ) -> None:
+    from jaxlake._src.xla import memstats
+
+    class Device:  # stands in for jaxlib's class
+        def __init__(self, platform: str) -> None:
+            self.platform = platform
+            self.local_hardware_id = 0
+
+        def memory_stats(self) -> Optional[Dict[str, int]]:
+            return {"bytes_limit": 0} if self.platform == "gpu" else None
+
+    original = Device.memory_stats
+    assert memstats.patch_class(Device)
+    assert memstats.patch_class(Device)  # once: the original is kept
+    assert getattr(Device, memstats.ORIGINAL_ATTR) is original
+    assert Device.memory_stats is not original
+    # No shim in this process: XLA's figures as they are; CPU devices too.
+    assert Device("gpu").memory_stats() == {"bytes_limit": 0}
+    assert Device("cpu").memory_stats() is None
+
+
 #: The keys JAX's default allocator (BFC, preallocated) reports on the fake
 #: GPU (jax 0.10.2), which a program under the lake must find too.
 BFC_KEYS = {"num_allocs", "bytes_in_use", "peak_bytes_in_use",
