@@ -304,7 +304,9 @@ def _doctor(args: argparse.Namespace) -> int:
         me = [sys.argv[0]] if os.path.isfile(sys.argv[0]) and \
             os.access(sys.argv[0], os.X_OK) else [sys.executable, "-m",
                                                   "jaxlake"]
-        command = me + ["run", f"--fake-gpu={args.fake_gpu}", "--", *me,
+        # (--quiet: the doctor says what the hooks did itself.)
+        command = me + ["run", f"--fake-gpu={args.fake_gpu}", "--quiet",
+                        "--", *me,
                         "doctor"] + (["--no-jax"] if args.no_jax else [])
         sys.stdout.flush()
         return subprocess.call(command)
