@@ -280,7 +280,8 @@ def test_patched_memory_stats_keeps_xlas_figures_where_there_is_no_lake(
 
 
 #: The keys JAX's default allocator (BFC, preallocated) reports on the fake
-#: GPU (jax 0.10.2), which a program under the lake must find too.
+#: GPU (jax 0.10.2 and 0.12.0.1), which a program under the lake must find
+#: too.
 BFC_KEYS = {"num_allocs", "bytes_in_use", "peak_bytes_in_use",
             "largest_alloc_size", "bytes_limit", "bytes_reserved",
             "peak_bytes_reserved", "largest_free_block_bytes", "pool_bytes",
