@@ -214,6 +214,33 @@ print("PARENT", os.getpid(), flush=True)
 
 
 @NEEDS_FAKE_GPU
+def test_a_forked_child_leaves_the_report_and_the_trace_to_its_parent(
+        tmp_path: pathlib.Path) -> None:
+    code = CTYPES_ALLOC + """
+pool = pool_of(0)
+p = alloc(pool, 4 << 20)
+child = os.fork()
+if child == 0:
+    sys.exit(0)  # a normal exit: the C library's exit handlers run
+os.waitpid(child, 0)
+free(alloc(pool, 2 << 20))
+print("PARENT", os.getpid(), flush=True)
+"""
+    trace = tmp_path / "t.jsonl.gz"
+    proc = fake_run([sys.executable, "-c", code],
+                    args=["--trace", str(trace)])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    parent = int(proc.stdout.split()[-1])
+    found = reports(proc.stderr)
+    assert list(found) == [parent], proc.stderr[-3000:]
+    assert found[parent][0]["served"] == "2"
+    # The parent's three events, compressed once, at its own exit.
+    lines = gzip.decompress(trace.read_bytes()).decode().splitlines()
+    assert len(lines) - 1 == 3, lines
+    assert not (tmp_path / "t.jsonl.gz.part").exists()
+
+
+@NEEDS_FAKE_GPU
 def test_exit_report_of_an_inactive_lake_counts_the_forwarded_requests() -> None:
     code = CTYPES_ALLOC + """
 pool = pool_of(0)

@@ -1,6 +1,7 @@
 // jaxlake shim: the process-wide state (see lakes.h).
 #include "cc/shim/lakes.h"
 
+#include <pthread.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -54,9 +55,16 @@ Lakes::Lakes() {
   // destroyed, see lakes.h).
   // (A trace to a .gz name is compressed then: trace.h.)
   std::atexit([] { Lakes::Get().trace().Finish(); });
+  // A forked child writes nothing into its parent's trace.
+  ::pthread_atfork([] { Lakes::Get().trace().BeforeFork(); },
+                   [] { Lakes::Get().trace().AfterForkInParent(); },
+                   [] { Lakes::Get().trace().AfterForkInChild(); });
   if (options_.exit_report) {
-    // Registered after the trace's handler, so it runs before it.
+    // Registered after the trace's handler, so it runs before it; not in
+    // a forked child, whose figures are its parent's copied.
+    static const pid_t owner = ::getpid();
     std::atexit([] {
+      if (::getpid() != owner) return;
       const std::string report = Lakes::Get().ExitReport();
       if (report.empty()) return;
       std::fflush(stdout);

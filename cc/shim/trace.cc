@@ -114,6 +114,7 @@ int TraceWriter::Start(const std::string& path, const std::string& name,
   file_ = f;
   path_ = path;
   gzip_path_ = gzip ? path : std::string();
+  owner_pid_ = static_cast<long>(::getpid());
   name_ = name;
   devices_ = std::move(devices);
   outside_peak_ = std::move(outside_peak);
@@ -193,9 +194,29 @@ long long TraceWriter::StopLocked() {
   return events_;
 }
 
+void TraceWriter::BeforeFork() {
+  mu_.lock();
+  // The buffer only: a header not written yet waits for the first event,
+  // which can tell the device count.
+  if (file_ != nullptr) std::fflush(file_);
+}
+
+void TraceWriter::AfterForkInParent() { mu_.unlock(); }
+
+void TraceWriter::AfterForkInChild() {
+  if (file_ != nullptr) {
+    std::fclose(file_);  // its buffer is empty: BeforeFork flushed it
+    file_ = nullptr;
+  }
+  active_.store(false, std::memory_order_release);
+  gzip_path_.clear();
+  live_.clear();
+  mu_.unlock();
+}
+
 void TraceWriter::Finish() {
   std::lock_guard<std::mutex> lock(mu_);
-  if (file_ == nullptr) return;
+  if (file_ == nullptr || owner_pid_ != static_cast<long>(::getpid())) return;
   if (!gzip_path_.empty()) {
     StopLocked();
   } else {

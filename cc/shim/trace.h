@@ -66,8 +66,17 @@ class TraceWriter {
   // Writes the header (if not yet) and whatever is buffered to the file.
   void Flush();
   // At process exit: stops a gzip trace (compressing it), flushes a plain
-  // one (which stays open for the events of the exit itself).
+  // one (which stays open for the events of the exit itself). Nothing in a
+  // forked child: the trace is its parent's.
   void Finish();
+  // fork() handlers (pthread_atfork): before the fork the buffered events
+  // reach the file and the writer is locked; after it the parent goes on,
+  // and the child closes its copy of the file unwritten and traces nothing
+  // (so no event is written twice, and a .gz trace is compressed once, by
+  // its owner).
+  void BeforeFork();
+  void AfterForkInParent();
+  void AfterForkInChild();
 
   void Alloc(int device, std::uintptr_t ptr, std::size_t size,
              std::uint64_t stream);
@@ -89,6 +98,7 @@ class TraceWriter {
   std::FILE* file_ = nullptr;
   std::string path_;
   std::string gzip_path_;  // the .gz file to compress into at the stop
+  long owner_pid_ = 0;     // the process that started the trace
   std::string name_;
   std::function<int()> devices_;
   std::function<std::uint64_t()> outside_peak_;
