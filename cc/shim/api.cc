@@ -36,8 +36,20 @@ std::string StatsJson(int device, const Lake& lake) {
                     ", \"granularity\": " +
                     std::to_string(lake.granularity()) +
                     ", \"total_memory\": " +
-                    std::to_string(lake.driver().total_memory()) +
-                    ", \"gauges\": {";
+                    std::to_string(lake.driver().total_memory()) + ", ";
+  // Free physical memory the lake holds: all of it, and its largest run of
+  // adjacent free chunks (what a request can get without a stitch).
+  const LakeSnapshot snap = lake.snapshot();
+  out += "\"free\": {\"bytes\": " +
+         std::to_string(snap.free_chunks * snap.granularity) +
+         ", \"largest_block\": " +
+         std::to_string(snap.largest_free * snap.granularity) + "}, ";
+  if (const DeviceCounter* c = Lakes::Get().device_counter(device)) {
+    out += "\"allocations\": {\"served\": " + std::to_string(c->served.load()) +
+           ", \"forwarded\": " + std::to_string(c->forwarded.load()) +
+           ", \"captured\": " + std::to_string(c->captured.load()) + "}, ";
+  }
+  out += "\"gauges\": {";
   const char* sep = "";
 #define JAXLAKE_X(name, doc)                                              \
   out += sep + JsonString(#name) + ": {\"current\": " +                   \
@@ -157,6 +169,22 @@ int jaxlake_shim_lake_devices(int* out, int max) {
     return static_cast<int>(devices.size());
   } catch (...) {
     return 0;
+  }
+}
+
+int jaxlake_shim_open_lake(int device) {
+  try {
+    return Lakes::Get().LakeFor(device) != nullptr ? 1 : 0;
+  } catch (...) {
+    return 0;
+  }
+}
+
+size_t jaxlake_shim_exit_report(char* buf, size_t size) {
+  try {
+    return jaxlake::shim::Copy(Lakes::Get().ExitReport(), buf, size);
+  } catch (...) {
+    return jaxlake::shim::Copy("", buf, size);
   }
 }
 

@@ -334,18 +334,25 @@ CUresult AllocFromPool(bool per_thread, CUdeviceptr* dptr, std::size_t size,
   auto* forward = per_thread ? real.MemAllocFromPoolAsync_ptsz
                              : real.MemAllocFromPoolAsync;
   // Zero-byte and null-output requests keep the driver's own answer.
+  const bool request = dptr != nullptr && size != 0;
+  // The device of a default pool, counted per device (also when the shim
+  // is inactive, for the exit report).
+  const int device = request ? lakes.DeviceOfPool(pool) : -1;
+  DeviceCounter* per_device = lakes.device_counter(device);
   auto forwarded = [&] {
+    if (per_device != nullptr)
+      per_device->forwarded.fetch_add(1, std::memory_order_relaxed);
     return Outside(hook, Forward(hook, forward, dptr, size, pool, stream),
                    dptr, size);
   };
-  if (!lakes.active() || dptr == nullptr || size == 0) return forwarded();
-  const int device = lakes.DeviceOfPool(pool);
+  if (!lakes.active() || !request) return forwarded();
   Lake* lake = device >= 0 ? lakes.LakeFor(device) : nullptr;
   if (lake == nullptr) return forwarded();
   // A request made under capture becomes a graph allocation node: that
   // stays with the driver.
   if (UnderCapture(stream, per_thread)) {
     CountCaptured(hook);
+    per_device->captured.fetch_add(1, std::memory_order_relaxed);
     return forwarded();
   }
   const vmm::Stream s = LakeStream(stream, per_thread);
@@ -361,6 +368,7 @@ CUresult AllocFromPool(bool per_thread, CUdeviceptr* dptr, std::size_t size,
     std::fprintf(stderr, "jaxlake: device %d: %s\n", device,
                  lake->last_error().c_str());
   }
+  per_device->served.fetch_add(1, std::memory_order_relaxed);
   return Done(hook, true, ToCu(st));
 }
 

@@ -64,14 +64,33 @@ JAXLAKE_SHIM_EXPORT_API int jaxlake_shim_num_lakes(void);
  * increasing order. Returns how many lakes there are. */
 JAXLAKE_SHIM_EXPORT_API int jaxlake_shim_lake_devices(int* out, int max);
 
+/* The lake of `device`, made now if it has none yet (as the first request
+ * on its default pool would make it; jax.Device.memory_stats() under the
+ * lake asks for it). Returns 1 when the device has a lake, 0 when it
+ * cannot have one (the shim is inactive, or the device was refused: see
+ * jaxlake_shim_reason). Needs an initialised driver. */
+JAXLAKE_SHIM_EXPORT_API int jaxlake_shim_open_lake(int device);
+
+/* The report JAXLAKE_EXIT_REPORT=1 prints on stderr at process exit (a line
+ * naming the process, then per device: allocations served, forwarded and
+ * captured, peak in use, peak reserved, U, stitches), as it stands now; ""
+ * when no pool request reached the shim. Size as jaxlake_shim_reason(). */
+JAXLAKE_SHIM_EXPORT_API size_t jaxlake_shim_exit_report(char* buf,
+                                                        size_t size);
+
 /* Statistics of the lake of `device` as a JSON object:
  *   {"device": 0, "capacity": B, "granularity": B, "total_memory": B,
+ *    "free": {"bytes": B, "largest_block": B},
+ *    "allocations": {"served": N, "forwarded": N, "captured": N},
  *    "gauges": {"bytes_in_use": {"current": N, "peak": N}, ...},
  *    "counters": {"allocs": N, ...},
  *    "driver_calls": {"reserve": N, ...}}
  * with every gauge, counter and driver call of cc/stats/stats.h and
- * cc/vmm/driver.h. Returns -1 (and writes nothing) when the device has no
- * lake. */
+ * cc/vmm/driver.h. "free": the free physical bytes the lake holds, and its
+ * largest run of adjacent free chunks; "allocations": the device's default
+ * pool requests served by the lake, forwarded to the driver, and of those
+ * made under stream capture. Returns -1 (and writes nothing) when the
+ * device has no lake. */
 JAXLAKE_SHIM_EXPORT_API long long jaxlake_shim_stats_json(int device,
                                                           char* buf,
                                                           size_t size);

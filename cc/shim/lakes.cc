@@ -1,10 +1,16 @@
 // jaxlake shim: the process-wide state (see lakes.h).
 #include "cc/shim/lakes.h"
 
+#include <pthread.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <fstream>
+#include <iterator>
 
 #include "cc/shim/loader.h"
 
@@ -47,7 +53,25 @@ Lakes::Lakes() {
   trace_.set_flush_every(options_.trace_flush);
   // The trace's tail reaches the file at exit (the state is never
   // destroyed, see lakes.h).
-  std::atexit([] { Lakes::Get().trace().Flush(); });
+  // (A trace to a .gz name is compressed then: trace.h.)
+  std::atexit([] { Lakes::Get().trace().Finish(); });
+  // A forked child writes nothing into its parent's trace.
+  ::pthread_atfork([] { Lakes::Get().trace().BeforeFork(); },
+                   [] { Lakes::Get().trace().AfterForkInParent(); },
+                   [] { Lakes::Get().trace().AfterForkInChild(); });
+  if (options_.exit_report) {
+    // Registered after the trace's handler, so it runs before it; not in
+    // a forked child, whose figures are its parent's copied.
+    static const pid_t owner = ::getpid();
+    std::atexit([] {
+      if (::getpid() != owner) return;
+      const std::string report = Lakes::Get().ExitReport();
+      if (report.empty()) return;
+      std::fflush(stdout);
+      std::fputs(report.c_str(), stderr);
+      std::fflush(stderr);
+    });
+  }
   if (!options_.trace_file.empty()) {
     const int r = StartTrace(options_.trace_file, "shim");
     if (r != 0)
@@ -231,6 +255,112 @@ int Lakes::AddressOwner(std::uintptr_t ptr) const {
     if (dl != nullptr && dl->driver->owns_address(ptr)) return d;
   }
   return -1;
+}
+
+namespace {
+
+// A size as jaxlake's Python side writes it (options.format_bytes, three
+// significant digits): "0 B", "512 KiB", "1.50 GiB", "12.3 MiB".
+std::string FormatBytes(std::uint64_t n) {
+  static const char* const kUnits[] = {"B", "KiB", "MiB", "GiB", "TiB"};
+  int unit = 0;
+  double scale = 1.0;
+  while (unit < 4 && static_cast<double>(n) >= scale * 1024.0) {
+    scale *= 1024.0;
+    ++unit;
+  }
+  if (unit == 0) return std::to_string(n) + " B";
+  double value = static_cast<double>(n) / scale;
+  int decimals = std::max(0, 2 - static_cast<int>(std::floor(std::log10(value))));
+  char text[64];
+  std::snprintf(text, sizeof text, "%.*f", decimals, value);
+  if (unit < 4 && std::strtod(text, nullptr) >= 1024.0) {  // 1023.99 MiB
+    value = 1.0;
+    decimals = 2;
+    ++unit;
+  }
+  std::snprintf(text, sizeof text, "%.*f %s", decimals, value, kUnits[unit]);
+  return text;
+}
+
+// The process's command line (arguments joined by spaces), cut to `limit`.
+std::string CommandLine(std::size_t limit) {
+  std::ifstream in("/proc/self/cmdline", std::ios::binary);
+  std::string raw((std::istreambuf_iterator<char>(in)),
+                  std::istreambuf_iterator<char>());
+  while (!raw.empty() && raw.back() == '\0') raw.pop_back();
+  std::replace(raw.begin(), raw.end(), '\0', ' ');
+  for (char& c : raw)
+    if (c == '\n' || c == '\t') c = ' ';
+  if (raw.size() > limit) raw = raw.substr(0, limit - 3) + "...";
+  return raw;
+}
+
+}  // namespace
+
+std::string Lakes::ExitReport() {
+  struct Row {
+    int device;
+    std::uint64_t served, forwarded, captured;
+    const Lake* lake;
+  };
+  std::vector<Row> rows;
+  std::uint64_t on_devices = 0;
+  for (int d = 0; d < kMaxDevices; ++d) {
+    const DeviceCounter& c = device_counters_[static_cast<std::size_t>(d)];
+    Row row{d, c.served.load(), c.forwarded.load(), c.captured.load(),
+            Existing(d)};
+    on_devices += row.forwarded;
+    if (row.lake != nullptr || row.served + row.forwarded > 0)
+      rows.push_back(row);
+  }
+  // Forwarded pool requests no device claims: other pools than the
+  // devices' default ones (zero-byte and null-output requests aside).
+  std::uint64_t all_forwarded = 0;
+  for (Hook h : {Hook::cuMemAllocFromPoolAsync,
+                 Hook::cuMemAllocFromPoolAsync_ptsz})
+    all_forwarded += counter(h).forwarded.load();
+  const std::uint64_t elsewhere =
+      all_forwarded > on_devices ? all_forwarded - on_devices : 0;
+  if (rows.empty() && elsewhere == 0) return {};
+
+  std::string out = "jaxlake: lake report, pid " +
+                    std::to_string(static_cast<long long>(::getpid())) + " (" +
+                    CommandLine(60) + ")";
+  if (!active()) out += ": lake inactive: " + reason();
+  out += "\n";
+  char line[256];
+  std::snprintf(line, sizeof line, "  %6s  %8s  %9s  %8s  %11s  %13s  %6s  %8s\n",
+                "device", "served", "forwarded", "captured", "peak in use",
+                "peak reserved", "U", "stitches");
+  out += line;
+  for (const Row& r : rows) {
+    std::string peak = "-", reserved = "-", u = "-", stitches = "-";
+    if (r.lake != nullptr) {
+      const Stats s = r.lake->stats();
+      peak = FormatBytes(s.bytes_in_use.peak);
+      reserved = FormatBytes(s.bytes_reserved.peak);
+      char text[32];
+      std::snprintf(text, sizeof text, "%.3f",
+                    s.bytes_reserved.peak == 0
+                        ? 1.0
+                        : static_cast<double>(s.bytes_in_use.peak) /
+                              static_cast<double>(s.bytes_reserved.peak));
+      u = text;
+      stitches = std::to_string(s.alloc_stitch + s.alloc_stitch_grow);
+    }
+    std::snprintf(line, sizeof line,
+                  "  %6d  %8llu  %9llu  %8llu  %11s  %13s  %6s  %8s\n", r.device,
+                  static_cast<unsigned long long>(r.served),
+                  static_cast<unsigned long long>(r.forwarded),
+                  static_cast<unsigned long long>(r.captured), peak.c_str(),
+                  reserved.c_str(), u.c_str(), stitches.c_str());
+    out += line;
+  }
+  if (elsewhere > 0)
+    out += "  other pools: " + std::to_string(elsewhere) +
+           " allocations forwarded to the CUDA driver\n";
+  return out;
 }
 
 }  // namespace jaxlake::shim

@@ -113,6 +113,16 @@ class OutsideLedger {
   std::uint64_t allocations_ = 0;
 };
 
+// Per device: the cuMemAllocFromPoolAsync calls (both variants) on its
+// default pool that a lake answered (served), that went to the driver
+// (forwarded), and of those the ones made under stream capture (captured).
+// Requests on other pools belong to no device here.
+struct DeviceCounter {
+  std::atomic<std::uint64_t> served{0};
+  std::atomic<std::uint64_t> forwarded{0};
+  std::atomic<std::uint64_t> captured{0};
+};
+
 class Lakes {
  public:
   // Devices the shim can hold a lake for (ordinals 0 .. kMaxDevices-1).
@@ -148,6 +158,17 @@ class Lakes {
   int AddressOwner(std::uintptr_t ptr) const;
 
   HookCounter& counter(Hook h) { return counters_[static_cast<int>(h)]; }
+  // The counter of `device`, or nullptr outside 0 .. kMaxDevices-1.
+  DeviceCounter* device_counter(int device) {
+    return device >= 0 && device < kMaxDevices
+               ? &device_counters_[static_cast<std::size_t>(device)]
+               : nullptr;
+  }
+  // The report JAXLAKE_EXIT_REPORT=1 prints at exit: one line naming the
+  // process, then per device that had a pool request: served, forwarded
+  // and captured allocations, peak in use, peak reserved, U and stitches.
+  // Empty when no pool request reached the shim.
+  std::string ExitReport();
   OutsideLedger& outside() { return outside_; }
   TraceWriter& trace() { return trace_; }
   // Starts the trace in `path` (TraceWriter::Start) with this process's
@@ -177,6 +198,7 @@ class Lakes {
   std::vector<cuda::CUmemoryPool> pools_;  // by ordinal, set once
 
   std::array<HookCounter, kNumHooks> counters_;
+  std::array<DeviceCounter, kMaxDevices> device_counters_;
   OutsideLedger outside_;
   TraceWriter trace_;
 };

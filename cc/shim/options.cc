@@ -120,6 +120,10 @@ std::string ReadOptions(ShimOptions* out) {
       return Malformed("JAXLAKE_TRACE_FLUSH", v, "a positive count");
   }
   if (const char* v = Env("JAXLAKE_TRACE_FILE")) o.trace_file = v;
+  if (const char* v = Env("JAXLAKE_EXIT_REPORT")) {
+    if (!ParseBool(v, &o.exit_report))
+      return Malformed("JAXLAKE_EXIT_REPORT", v, "0 or 1");
+  }
   *out = o;
   return {};
 }
@@ -135,7 +139,8 @@ std::string OptionsJson(const ShimOptions& o) {
          ", \"capacity_fraction\": " + std::to_string(o.capacity_fraction) +
          ", \"xla_fraction\": " + std::to_string(o.xla_fraction) +
          ", \"trace_flush\": " + std::to_string(o.trace_flush) +
-         ", \"trace_file\": " + JsonString(o.trace_file) + "}";
+         ", \"trace_file\": " + JsonString(o.trace_file) +
+         ", \"exit_report\": " + JsonBool(o.exit_report) + "}";
   return out;
 }
 

@@ -24,6 +24,9 @@
 //                          JAXLAKE_CAPACITY)
 //   JAXLAKE_TRACE_FLUSH    events between two flushes of the trace file
 //                          (default 64; it is flushed at exit as well)
+//   JAXLAKE_EXIT_REPORT    0 or 1 (default 0; `jaxlake run` sets 1 unless
+//                          --quiet): print what the lakes did, per device,
+//                          on stderr when the process exits (report.h)
 // And XLA's own:
 //   XLA_PYTHON_CLIENT_MEM_FRACTION  a decimal in (0, 1], default 0.75: the
 //                          capacity when neither JAXLAKE_CAPACITY (non-zero)
@@ -59,6 +62,7 @@ struct ShimOptions {
   double xla_fraction = kXlaDefaultFraction;
   std::string trace_file;
   std::size_t trace_flush = 64;
+  bool exit_report = false;
 };
 
 // Reads the variables above into *out (defaults for those unset). Returns an

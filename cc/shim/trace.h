@@ -16,8 +16,16 @@
 // a FIFO say, keeps null).
 //
 // The file is flushed every `flush_every` events (set_flush_every, from
-// JAXLAKE_TRACE_FLUSH) and by Flush(), which the shim calls at process exit,
-// so a process that dies keeps all but its last few events.
+// JAXLAKE_TRACE_FLUSH) and by Flush(), so a process that dies keeps all but
+// its last few events. The shim calls Finish() at process exit.
+//
+// A path ending in ".gz" (any case) gets gzip, as the Python writers write
+// it: the text goes to PATH.part, which Stop() (and so Finish(), at exit)
+// compresses into PATH with zlib, loaded at run time (libz.so.1), and then
+// removes. Writing plain text first keeps the header's figure writable in
+// place, and a process that dies leaves its events readable in PATH.part.
+// If zlib cannot be loaded or the compression fails, PATH.part stays and
+// the shim says so on stderr.
 #ifndef JAXLAKE_SHIM_TRACE_H_
 #define JAXLAKE_SHIM_TRACE_H_
 
@@ -57,6 +65,18 @@ class TraceWriter {
   void set_flush_every(std::size_t n);
   // Writes the header (if not yet) and whatever is buffered to the file.
   void Flush();
+  // At process exit: stops a gzip trace (compressing it), flushes a plain
+  // one (which stays open for the events of the exit itself). Nothing in a
+  // forked child: the trace is its parent's.
+  void Finish();
+  // fork() handlers (pthread_atfork): before the fork the buffered events
+  // reach the file and the writer is locked; after it the parent goes on,
+  // and the child closes its copy of the file unwritten and traces nothing
+  // (so no event is written twice, and a .gz trace is compressed once, by
+  // its owner).
+  void BeforeFork();
+  void AfterForkInParent();
+  void AfterForkInChild();
 
   void Alloc(int device, std::uintptr_t ptr, std::size_t size,
              std::uint64_t stream);
@@ -77,6 +97,8 @@ class TraceWriter {
   std::atomic<bool> active_{false};
   std::FILE* file_ = nullptr;
   std::string path_;
+  std::string gzip_path_;  // the .gz file to compress into at the stop
+  long owner_pid_ = 0;     // the process that started the trace
   std::string name_;
   std::function<int()> devices_;
   std::function<std::uint64_t()> outside_peak_;

@@ -169,6 +169,7 @@ OTHER_VARIABLES: Tuple[str, ...] = (
     "JAXLAKE_CAPACITY_FRACTION",  # set from a fractional capacity
     "JAXLAKE_REQUIRED",           # start-up hook: fail if inactive
     "JAXLAKE_TRACE_FLUSH",        # trace events between two file flushes
+    "JAXLAKE_EXIT_REPORT",        # 1: the shim reports per device at exit
     "JAXLAKE_FAKE_GPU",           # `jaxlake run --fake-gpu` (fakegpu.py)
     "JAXLAKE_FAKEGPU_MODEL",      # the fake GPU's own (cc/fakegpu/README.md)
     "JAXLAKE_FAKEGPU_COUNT",

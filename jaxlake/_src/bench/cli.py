@@ -23,7 +23,8 @@ from jaxlake._src.errors import ConfigurationError
 from jaxlake._src.options import format_bytes, option_table, parse_text
 from jaxlake._src.bench.replay import (Capacity, Latency, LatencyError,
                                        PolicyError, ReplayResult,
-                                       check_policies, policy_names, replay)
+                                       check_policies, empty_trace_problem,
+                                       policy_names, replay)
 
 EXIT_INPUT = 1
 EXIT_USAGE = 2
@@ -417,6 +418,12 @@ def bench_command(args: argparse.Namespace,
         _error("bench", f"--lake-option: {e}")
         return EXIT_USAGE
     progress.close()
+    empty = [t.path for t in suite if t.events == 0]
+    if empty:
+        _error("bench", f"{', '.join(empty)}: no allocation events, so "
+                        "nothing to replay (`jaxlake replay` on one of them "
+                        "says what the likely causes are)")
+        return EXIT_USAGE
     cap = f"; capacity {args.capacity}" if args.capacity else ""
     cap += _lake_note(args)
     def wrap(text: str, hang: int = 4) -> str:  # --wide: lines as they are
@@ -496,6 +503,10 @@ def replay_command(args: argparse.Namespace,
     trace = _read("replay", args.trace, args.lenient, out)
     if trace is None:
         return EXIT_INPUT
+    empty = empty_trace_problem(trace)
+    if empty is not None:
+        _error("replay", empty)
+        return EXIT_USAGE
     # Under a capacity every figure shown (table, lines, plot) is of the run
     # under that capacity; --json keeps the uncapped figures and adds them.
     fit = bool(args.fit or args.json)

@@ -29,6 +29,28 @@ DEVICE = 80 << 30
 GIB = 1 << 30
 
 
+def empty_trace_problem(trace: Trace) -> Optional[str]:
+    """Why `trace` cannot be replayed when it has no allocation event (a
+    replay of it would report U 0.000 as if measured), else None."""
+    if len(trace) > 0:
+        return None
+    if trace.source == "shim":
+        hint = ("the lake served no allocation while the trace was written. "
+                "Likely causes: the lake was inactive (JAXLAKE_SHIM_HOOKS=0, "
+                "a bad option, no driver: `jaxlake run` and `jaxlake doctor` "
+                "say why), JAX ran on another platform than the GPU "
+                "(JAX_PLATFORMS), XLA's allocator was not cuda_async "
+                "(XLA_PYTHON_CLIENT_ALLOCATOR, or an XLA flag that makes XLA "
+                "use its own VMM allocator), or the trace stopped before the "
+                "program's first allocation")
+    else:
+        hint = ("nothing was recorded: the program made no allocation "
+                "while the trace was written (a recorder whose functions "
+                "were never called, or a trace stopped at once)")
+    return (f"{trace.path}: the trace has no allocation events, so there is "
+            f"nothing to replay: {hint}")
+
+
 def device_bytes(peak_live: int, capacity: Optional[int] = None) -> int:
     """The simulated device for an uncapped replay of a device whose peak
     live bytes are `peak_live`: 80 GiB (an H100), or twice the peak live

@@ -35,7 +35,14 @@ def register(commands: Any) -> None:
                           "of running without the lake when it cannot be "
                           "active: a bad option, no CUDA driver")
     run.add_argument("--trace", metavar="PATH",
-                     help="write the allocation trace (JSON lines) to PATH")
+                     help="write the allocation trace (JSON lines; gzip "
+                          "when PATH ends in .gz) to PATH")
+    run.add_argument("--quiet", action="store_true",
+                     help="no lake report at exit (by default each process "
+                          "that allocated from a device's pool prints, on "
+                          "stderr as it exits, per device: allocations "
+                          "served, forwarded and captured, peak in use, "
+                          "peak reserved, U and stitches)")
     run.add_argument("--fake-gpu", nargs="?", const="h100", metavar="MODEL",
                      help="run on XLA's real GPU client over jaxlake's fake "
                           "GPU, with no GPU here: h100 (default) or h200; "
@@ -66,11 +73,18 @@ def register(commands: Any) -> None:
     doctor.set_defaults(func=_doctor)
 
 
+#: Set to 1 by `jaxlake run` (0 with --quiet): the shim prints its report
+#: per device on stderr when a process exits (cc/shim/options.h).
+EXIT_REPORT_ENV = "JAXLAKE_EXIT_REPORT"
+
+
 def run_environment(environ: Dict[str, str], trace: Optional[str],
-                    fake: Optional[Dict[str, str]] = None) -> Dict[str, str]:
+                    fake: Optional[Dict[str, str]] = None,
+                    report: bool = True) -> Dict[str, str]:
     """The environment `jaxlake run` gives the program (over the fake GPU
-    when `fake` holds its variables, fakegpu.environment()). Raises
-    ConfigurationError for a bad option or when no driver is found."""
+    when `fake` holds its variables, fakegpu.environment()); `report`: the
+    report at exit. Raises ConfigurationError for a bad option or when no
+    driver is found."""
     env = dict(environ)
     if fake is not None:
         env.update(fake)
@@ -91,6 +105,7 @@ def run_environment(environ: Dict[str, str], trace: Optional[str],
     env[xla.ALLOCATOR_ENV] = "cuda_async"
     env[xla.PREALLOCATE_ENV] = "false"
     env[xla.ENABLE_ENV] = "1"
+    env[EXIT_REPORT_ENV] = "1" if report else "0"
     return env
 
 
@@ -120,7 +135,8 @@ def _run(args: argparse.Namespace) -> int:
               file=sys.stderr)
         return 2
     try:
-        env = run_environment(dict(os.environ), args.trace, fake)
+        env = run_environment(dict(os.environ), args.trace, fake,
+                              report=not args.quiet)
     except ConfigurationError as error:
         if fake is not None:
             print(f"jaxlake run: error: {error}", file=sys.stderr)
@@ -288,7 +304,9 @@ def _doctor(args: argparse.Namespace) -> int:
         me = [sys.argv[0]] if os.path.isfile(sys.argv[0]) and \
             os.access(sys.argv[0], os.X_OK) else [sys.executable, "-m",
                                                   "jaxlake"]
-        command = me + ["run", f"--fake-gpu={args.fake_gpu}", "--", *me,
+        # (--quiet: the doctor says what the hooks did itself.)
+        command = me + ["run", f"--fake-gpu={args.fake_gpu}", "--quiet",
+                        "--", *me,
                         "doctor"] + (["--no-jax"] if args.no_jax else [])
         sys.stdout.flush()
         return subprocess.call(command)

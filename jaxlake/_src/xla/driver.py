@@ -151,6 +151,14 @@ class _Shim:
                                                  ctypes.c_char_p]
         lib.jaxlake_shim_trace_stop.restype = ctypes.c_longlong
         lib.jaxlake_shim_active.restype = ctypes.c_int
+        # Newer entry points: absent from a shim of an older build.
+        if hasattr(lib, "jaxlake_shim_open_lake"):
+            lib.jaxlake_shim_open_lake.restype = ctypes.c_int
+            lib.jaxlake_shim_open_lake.argtypes = [ctypes.c_int]
+        if hasattr(lib, "jaxlake_shim_exit_report"):
+            lib.jaxlake_shim_exit_report.restype = ctypes.c_size_t
+            lib.jaxlake_shim_exit_report.argtypes = [ctypes.c_char_p,
+                                                     ctypes.c_size_t]
         lib.jaxlake_shim_disable.restype = None
         lib.jaxlake_shim_disable.argtypes = [ctypes.c_char_p]
 
@@ -189,6 +197,19 @@ class _Shim:
     def stats(self, device: int) -> Optional[Dict[str, Any]]:
         text = self._text(self.lib.jaxlake_shim_stats_json, device)
         return None if text is None else dict(json.loads(text))
+
+    def open_lake(self, device: int) -> bool:
+        """Whether `device` has a lake, making it now if it has none yet
+        (needs an initialised driver)."""
+        if not hasattr(self.lib, "jaxlake_shim_open_lake"):
+            return device in self.devices()
+        return bool(self.lib.jaxlake_shim_open_lake(device))
+
+    def exit_report(self) -> str:
+        """The report JAXLAKE_EXIT_REPORT=1 prints at exit, as of now."""
+        if not hasattr(self.lib, "jaxlake_shim_exit_report"):
+            return ""
+        return self._text(self.lib.jaxlake_shim_exit_report) or ""
 
     def empty_cache(self, device: int) -> int:
         return int(self.lib.jaxlake_shim_empty_cache(device))

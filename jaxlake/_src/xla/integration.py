@@ -295,6 +295,10 @@ def configure(*, required: bool = False, trace: Optional[str] = None,
                 "once loaded: call configure() once, before JAX starts")
         status = _configure(resolved, trace)
         _configured = (key, status)
+    if status.active:
+        # jax.Device.memory_stats() then gives the lake's figures.
+        from jaxlake._src.xla import memstats
+        memstats.install()
     if required and not status.active:
         raise ConfigurationError(
             f"jaxlake.configure(required=True): {status.reason}")
@@ -532,9 +536,10 @@ def stats(device: Optional[int] = None) -> Stats:
     """Statistics of the lake of `device` (default: the first one that
     served an allocation).
 
-    Note: `jax.Device.memory_stats()` under the cuda_async allocator is
-    XLA's own bookkeeping of what it requested; reserved bytes and
-    fragmentation are only here.
+    `jax.Device.memory_stats()` gives the lake's capacity, in-use and
+    reserved figures too, under the keys of JAX's default allocator
+    (jaxlake/_src/xla/memstats.py); utilisation and stitching are only
+    here.
     """
     shim = _loaded_shim()
     if shim is None:
