@@ -20,6 +20,10 @@
 //   non-virtual tensor's pointer is device memory of the tensor's bytes,
 //   the workspace is device memory of the plan's size) and enqueues, on the
 //   handle's stream, work that does nothing to the data: it is a kernel.
+// - The engines carry no behavior note: in particular not
+//   SUPPORTS_CUDA_GRAPH_NATIVE_API, so cudnnBackendPopulateCudaGraph and
+//   cudnnBackendUpdateCudaGraph refuse, and a CUDA graph gets a plan by
+//   capturing cudnnBackendExecute.
 #include <atomic>
 #include <cinttypes>
 #include <cstdint>
@@ -58,6 +62,7 @@ enum Status : int {
   kAttributeType = 2010,
   kDescriptorType = 2012,
   kNotSupported = 3000,
+  kNoNativeCudaGraph = 3013,
   kHostAllocationFailed = 4003,
 };
 
@@ -876,4 +881,20 @@ LIB int cudnnBackendExecute(void* handle, void* plan, void* pack) {
                            "a stream");
   stream->Enqueue([] {});  // the plan's kernels, which do not run
   return kSuccess;
+}
+
+// The fake's engines carry no CUDNN_BEHAVIOR_NOTE_SUPPORTS_CUDA_GRAPH_NATIVE_API
+// note, so a plan is put in a CUDA graph by capturing cudnnBackendExecute,
+// as cuDNN requires of such plans; the native calls refuse it.
+LIB int cudnnBackendPopulateCudaGraph(void*, void*, void*, void*) {
+  ENTER();
+  return Fail(kNoNativeCudaGraph, "cudnnBackendPopulateCudaGraph: the plan's engine does "
+                    "not support the native CUDA graph API (capture "
+                    "cudnnBackendExecute instead)");
+}
+
+LIB int cudnnBackendUpdateCudaGraph(void*, void*, void*, void*) {
+  ENTER();
+  return Fail(kNoNativeCudaGraph, "cudnnBackendUpdateCudaGraph: the plan's engine does "
+                    "not support the native CUDA graph API");
 }
