@@ -136,12 +136,17 @@ struct Pending {
   std::size_t bytes;  // a block (all-to-all), a rank's part (all-gather)
   int root_or_peer;
   std::uint64_t seq;
+  // Taken from the communicator when issued: the work may run after the
+  // communicator is destroyed.
+  std::shared_ptr<Clique> clique;
+  int rank;
+  int device;
 };
 
-// A collective meeting, run on rank `p.comm->rank`'s stream.
+// A collective meeting, run on rank `p.rank`'s stream.
 void RunCollective(const Pending& p, const char* name) {
-  Clique* c = p.comm->clique.get();
-  const int n = c->nranks, me = p.comm->rank;
+  Clique* c = p.clique.get();
+  const int n = c->nranks, me = p.rank;
   std::unique_lock<std::mutex> lock(c->mu);
   const std::shared_ptr<Slot> s = SlotOf(c->collectives, p.seq);
   if (s->send.empty()) {
@@ -185,20 +190,20 @@ void RunCollective(const Pending& p, const char* name) {
 void RunGroup(const std::vector<Pending>& ops) {
   for (const Pending& p : ops) {
     if (p.op != Op::kSend) continue;
-    Clique* c = p.comm->clique.get();
+    Clique* c = p.clique.get();
     std::lock_guard<std::mutex> lock(c->mu);
     const auto s = SlotOf(
-        c->sends, std::make_tuple(p.comm->rank, p.root_or_peer, p.seq));
+        c->sends, std::make_tuple(p.rank, p.root_or_peer, p.seq));
     s->send = {p.send};
     s->arrived = 1;
     c->cv.notify_all();
   }
   for (const Pending& p : ops) {
     if (p.op != Op::kRecv) continue;
-    Clique* c = p.comm->clique.get();
+    Clique* c = p.clique.get();
     std::unique_lock<std::mutex> lock(c->mu);
     const auto s = SlotOf(
-        c->sends, std::make_tuple(p.root_or_peer, p.comm->rank, p.seq));
+        c->sends, std::make_tuple(p.root_or_peer, p.rank, p.seq));
     if (!Wait(c, lock, [&] { return s->arrived == 1; }, "ncclRecv")) continue;
     lock.unlock();
     fg::Move(p.recv, s->send[0], p.bytes);
@@ -208,9 +213,9 @@ void RunGroup(const std::vector<Pending>& ops) {
   }
   for (const Pending& p : ops) {
     if (p.op != Op::kSend) continue;
-    Clique* c = p.comm->clique.get();
+    Clique* c = p.clique.get();
     std::unique_lock<std::mutex> lock(c->mu);
-    const auto key = std::make_tuple(p.comm->rank, p.root_or_peer, p.seq);
+    const auto key = std::make_tuple(p.rank, p.root_or_peer, p.seq);
     const auto s = SlotOf(c->sends, key);
     Wait(c, lock, [&] { return s->consumed; }, "ncclSend");
     c->sends.erase(key);
@@ -235,7 +240,7 @@ int Flush() {
   ops.swap(group_ops);
   std::vector<std::pair<std::pair<Comm*, void*>, std::vector<Pending>>> units;
   for (const Pending& p : ops) {
-    auto key = std::make_pair(p.comm, p.stream);
+    auto key = std::make_pair(p.comm, p.stream);  // identity only
     auto it = units.begin();
     while (it != units.end() && it->first != key) ++it;
     if (it == units.end()) {
@@ -245,7 +250,7 @@ int Flush() {
     it->second.push_back(p);
   }
   for (auto& [key, unit] : units) {
-    fg::Stream* s = fg::StreamOf(key.second, key.first->device);
+    fg::Stream* s = fg::StreamOf(key.second, unit.front().device);
     if (s == nullptr) return kInvalidArgument;
     bool moves = false;
     for (const Pending& p : unit) moves |= p.op != Op::kNothing;
@@ -269,7 +274,10 @@ int Issue(Pending p) {
   } else if (p.op != Op::kNothing) {
     p.seq = c->collectives++;
   }
-  group_ops.push_back(p);
+  p.clique = c->clique;
+  p.rank = c->rank;
+  p.device = c->device;
+  group_ops.push_back(std::move(p));
   return group_depth > 0 ? kSuccess : Flush();
 }
 
@@ -505,7 +513,7 @@ int Collective(Op op, const void* send, void* recv, std::size_t count,
   if (op == Op::kBroadcast && (root < 0 || root >= c->clique->nranks))
     return kInvalidArgument;
   if (count == 0) op = Op::kNothing;
-  return Issue({op, c, stream, send, recv, count * size, root, 0});
+  return Issue({op, c, stream, send, recv, count * size, root, 0, nullptr, 0, 0});
 }
 }  // namespace
 
@@ -570,7 +578,8 @@ LIB int ncclSend(const void* send, std::size_t count, int type, int peer,
   const std::size_t size = TypeSize(type);
   if (!Ready(c) || size == 0 || (count > 0 && send == nullptr))
     return kInvalidArgument;
-  return Issue({Op::kSend, c, stream, send, nullptr, count * size, peer, 0});
+  return Issue(
+      {Op::kSend, c, stream, send, nullptr, count * size, peer, 0, nullptr, 0, 0});
 }
 
 LIB int ncclRecv(void* recv, std::size_t count, int type, int peer,
@@ -580,5 +589,6 @@ LIB int ncclRecv(void* recv, std::size_t count, int type, int peer,
   const std::size_t size = TypeSize(type);
   if (!Ready(c) || size == 0 || (count > 0 && recv == nullptr))
     return kInvalidArgument;
-  return Issue({Op::kRecv, c, stream, nullptr, recv, count * size, peer, 0});
+  return Issue(
+      {Op::kRecv, c, stream, nullptr, recv, count * size, peer, 0, nullptr, 0, 0});
 }
