@@ -341,7 +341,8 @@ report(custom_calls=sorted(set(
     assert any("Backward" in c for c in out["custom_calls"]), out
     calls = _calls(stats)
     assert calls.get("cudnnBackendExecute", 0) >= 2
-    assert "not supported by the fake" not in proc.stderr, proc.stderr[-3000:]
+    # every cuDNN call XLA made is one the fake implements
+    assert "cudnn entry point" not in proc.stderr, proc.stderr[-3000:]
 
 
 def test_train_lm_default_flags_picks_cudnn_and_runs(tmp_path: pathlib.Path
