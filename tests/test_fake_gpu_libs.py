@@ -432,6 +432,18 @@ print("split:", count.value, rank.value, new[1].value)
 
 def test_cublaslt_descriptors_and_algorithm_ids() -> None:
     out = results(run(r"""
+handle, stream, got = P(), P(), P()
+check(lib.cublasCreate_v2(C.byref(handle)), "cublasCreate")
+check(lib.cuStreamCreate(C.byref(stream), 0), "stream")
+check(lib.cublasSetStream_v2(handle, stream), "cublasSetStream")
+check(lib.cublasGetStream_v2(handle, C.byref(got)), "cublasGetStream")
+print("stream kept:", got.value == stream.value)
+check(lib.cublasSetMathMode(handle, 4), "set math mode")  # TF32
+mode = C.c_int(-1)
+check(lib.cublasGetMathMode(handle, C.byref(mode)), "get math mode")
+print("math mode:", mode.value)
+check(lib.cublasDestroy_v2(handle), "cublasDestroy")
+print("destroyed:", lib.cublasSetStream_v2(handle, stream))
 layout = P()
 check(lib.cublasLtMatrixLayoutCreate(C.byref(layout), 0, C.c_uint64(3),
                                      C.c_uint64(5), C.c_int64(7)), "layout")
@@ -453,6 +465,9 @@ ids, n = (C.c_int * 4)(-1, -1, -1, -1), C.c_int()
 print("ids:", lib.cublasLtMatmulAlgoGetIds(
     None, 68, 0, 0, 0, 0, 0, 4, ids, C.byref(n)), n.value, ids[0])
 """))
+    assert out["stream kept"] == "True"
+    assert out["math mode"] == "4"
+    assert out["destroyed"] == "1"  # CUBLAS_STATUS_NOT_INITIALIZED
     assert out["rows"] == "0 3"
     assert out["epilogue"] == "0 2"
     assert out["wrong size"] == "7"  # CUBLAS_STATUS_INVALID_VALUE

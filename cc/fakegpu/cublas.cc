@@ -1,9 +1,10 @@
 // The fake GPU's cuBLAS and cuBLASLt, by NVIDIA's names and signatures
-// (cublas_api.h, cublasLt.h): handles, versions and status strings,
-// cuBLASLt's descriptors, which hold the attributes set on them, one
-// heuristic algorithm a product, needing no workspace, and the products
-// themselves, which are kernels: they are accepted and do nothing (those
-// entry points read none of their arguments).
+// (cublas_api.h, cublasLt.h): handles, which keep their stream and math
+// mode, versions and status strings, cuBLASLt's descriptors, which hold the
+// attributes set on them, one heuristic algorithm a product, needing no
+// workspace, and the products themselves, which are kernels: they are
+// accepted and do nothing (those entry points read none of their
+// arguments).
 #include <atomic>
 #include <cstdint>
 #include <cstring>
@@ -27,10 +28,39 @@ int CublasVersion() { return Cuda13() ? 130100 : 120904; }
 // cublasStatus_t (cublas_api.h).
 constexpr int kSuccess = 0, kInvalidValue = 7;
 
-// Distinct cuBLAS handles; never dereferenced by their users.
-void* NewHandle() {
+// A cuBLAS or cuBLASLt handle: the stream and math mode set on it.
+struct Handle {
+  void* stream = nullptr;
+  int math_mode = 0;  // CUBLAS_DEFAULT_MATH
+};
+
+struct Handles {
+  std::mutex mu;
+  std::map<void*, Handle> live;
+};
+Handles& Hs() {
+  static Handles* h = new Handles;
+  return *h;
+}
+
+int NewHandle(void** out) {
+  if (out == nullptr) return kInvalidValue;
   static std::atomic<std::uintptr_t> next{0x3000000};
-  return reinterpret_cast<void*>(next.fetch_add(0x10));
+  void* h = reinterpret_cast<void*>(next.fetch_add(0x10));
+  std::lock_guard<std::mutex> lock(Hs().mu);
+  Hs().live[h] = Handle{};
+  *out = h;
+  return kSuccess;
+}
+
+// Runs `f` on the handle's state; CUBLAS_STATUS_NOT_INITIALIZED for a
+// handle the fake did not create.
+template <typename F>
+int WithHandle(void* h, F f) {
+  std::lock_guard<std::mutex> lock(Hs().mu);
+  auto it = Hs().live.find(h);
+  if (it == Hs().live.end()) return 1;  // CUBLAS_STATUS_NOT_INITIALIZED
+  return f(it->second);
 }
 
 // A cuBLASLt descriptor (matmul, matrix layout, preference, transform):
@@ -111,13 +141,6 @@ int GetLt(void* p, int attr, void* buf, std::size_t size,
 
 }  // namespace
 
-#define CREATE(name)                       \
-  LIB int name(void** h) {                 \
-    ENTER();                               \
-    if (h == nullptr) return kInvalidValue; \
-    *h = NewHandle();                      \
-    return kSuccess;                       \
-  }
 #define ACCEPT(name)              \
   LIB int name(void*, ...) {      \
     ENTER();                      \
@@ -126,11 +149,52 @@ int GetLt(void* p, int attr, void* buf, std::size_t size,
 
 // ---- cuBLAS -----------------------------------------------------------------
 
-CREATE(cublasCreate_v2)
-ACCEPT(cublasDestroy_v2)
-ACCEPT(cublasSetStream_v2)
+LIB int cublasCreate_v2(void** handle) {
+  ENTER();
+  return NewHandle(handle);
+}
+
+LIB int cublasDestroy_v2(void* handle) {
+  ENTER();
+  std::lock_guard<std::mutex> lock(Hs().mu);
+  return Hs().live.erase(handle) == 1 ? kSuccess : 1;
+}
+
+LIB int cublasSetStream_v2(void* handle, void* stream) {
+  ENTER();
+  return WithHandle(handle, [&](Handle& h) {
+    h.stream = stream;
+    return kSuccess;
+  });
+}
+
+LIB int cublasGetStream_v2(void* handle, void** stream) {
+  ENTER();
+  if (stream == nullptr) return kInvalidValue;
+  return WithHandle(handle, [&](Handle& h) {
+    *stream = h.stream;
+    return kSuccess;
+  });
+}
+
+LIB int cublasSetMathMode(void* handle, int mode) {
+  ENTER();
+  return WithHandle(handle, [&](Handle& h) {
+    h.math_mode = mode;
+    return kSuccess;
+  });
+}
+
+LIB int cublasGetMathMode(void* handle, int* mode) {
+  ENTER();
+  if (mode == nullptr) return kInvalidValue;
+  return WithHandle(handle, [&](Handle& h) {
+    *mode = h.math_mode;
+    return kSuccess;
+  });
+}
+
 ACCEPT(cublasSetWorkspace_v2)
-ACCEPT(cublasSetMathMode)
 ACCEPT(cublasSetPointerMode_v2)
 ACCEPT(cublasSetAtomicsMode)
 ACCEPT(cublasSetSmCountTarget)
@@ -147,20 +211,6 @@ LIB int cublasGetProperty(int type, int* value) {
   if (value == nullptr) return kInvalidValue;
   const int v = CublasVersion();
   *value = type == 0 ? v / 10000 : type == 1 ? v / 100 % 100 : v % 100;
-  return kSuccess;
-}
-
-LIB int cublasGetMathMode(void*, int* mode) {
-  ENTER();
-  if (mode == nullptr) return kInvalidValue;
-  *mode = 0;
-  return kSuccess;
-}
-
-LIB int cublasGetStream_v2(void*, void** stream) {
-  ENTER();
-  if (stream == nullptr) return kInvalidValue;
-  *stream = nullptr;
   return kSuccess;
 }
 
@@ -222,8 +272,16 @@ LIB const char* cublasLtGetStatusName(int status) {
   return cublasGetStatusName(status);
 }
 
-CREATE(cublasLtCreate)
-ACCEPT(cublasLtDestroy)
+LIB int cublasLtCreate(void** handle) {
+  ENTER();
+  return NewHandle(handle);
+}
+
+LIB int cublasLtDestroy(void* handle) {
+  ENTER();
+  std::lock_guard<std::mutex> lock(Hs().mu);
+  return Hs().live.erase(handle) == 1 ? kSuccess : 1;
+}
 
 // cublasLtMatmulDescAttributes_t: COMPUTE_TYPE 0, SCALE_TYPE 1 (int32).
 LIB int cublasLtMatmulDescCreate(void** desc, int compute_type,
