@@ -49,6 +49,9 @@ set(JAXLAKE_FAKEGPU_SOURCES
   cc/fakegpu/state.cc
   cc/fakegpu/driver.cc
   cc/fakegpu/runtime.cc
+  cc/fakegpu/cudnn.cc
+  cc/fakegpu/cublas.cc
+  cc/fakegpu/nccl.cc
   cc/fakegpu/libs.cc
   cc/fakegpu/stubs.cc
 )

@@ -293,3 +293,96 @@ def test_bad_fake_gpu_options_are_named(args: List[str], message: str) -> None:
     assert proc.returncode == 1
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert "ran" not in proc.stdout
+
+
+# cudnn-frontend, compiled into XLA, deserializes each plan before it runs
+# and then warms it up under a stream capture (graph_interface.h,
+# warmup()): cuDNN's fused attention runs only on a fake GPU with stream
+# capture.
+NO_CAPTURE = "cudaStreamBeginCapture is not supported by the fake"
+
+
+def _skip_without_capture(proc: subprocess.CompletedProcess) -> None:
+    if proc.returncode != 0 and NO_CAPTURE in proc.stderr:
+        pytest.skip("this build's fake GPU has no stream capture, which "
+                    "cudnn-frontend's plan warm-up needs")
+
+
+def _calls(stats: pathlib.Path) -> Dict[str, int]:
+    return {k: int(v) for k, v in json.loads(stats.read_text())["calls"]
+            .items()}
+
+
+def test_cudnn_fused_attention_compiles_and_runs(tmp_path: pathlib.Path
+                                                 ) -> None:
+    stats = tmp_path / "fake.json"
+    proc = fake_run(PRELUDE + """
+b, s, h, d = 2, 256, 4, 64
+k1, k2, k3 = jax.random.split(jax.random.PRNGKey(0), 3)
+q, k, v = (jax.random.normal(key, (b, s, h, d), jnp.bfloat16)
+           for key in (k1, k2, k3))
+def loss(q, k, v):
+    out = jax.nn.dot_product_attention(q, k, v, is_causal=True,
+                                       implementation="cudnn")
+    return out.astype(jnp.float32).sum()
+step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2)))
+text = step.lower(q, k, v).compile().as_text()
+value, grads = step(q, k, v)
+jax.block_until_ready(grads)
+report(custom_calls=sorted(set(
+    w.strip('",') for w in text.split() if "__cudnn$fmha" in w)),
+    shapes=[list(g.shape) for g in grads])
+""", env={"JAXLAKE_FAKEGPU_STATS": str(stats)})
+    _skip_without_capture(proc)
+    out = result(proc)
+    assert out["shapes"] == [[2, 256, 4, 64]] * 3
+    # XLA lowered the attention, forward and backward, to cuDNN's graphs
+    assert any("Backward" in c for c in out["custom_calls"]), out
+    calls = _calls(stats)
+    assert calls.get("cudnnBackendExecute", 0) >= 2
+    # every cuDNN call XLA made is one the fake implements
+    assert "cudnn entry point" not in proc.stderr, proc.stderr[-3000:]
+
+
+def test_train_lm_default_flags_picks_cudnn_and_runs(tmp_path: pathlib.Path
+                                                     ) -> None:
+    stats = tmp_path / "fake.json"
+    proc = fake_run("", argv=[
+        sys.executable, str(ROOT / "examples" / "train_lm.py"), "--preset",
+        "tiny", "--steps", "2"],
+        env={"JAXLAKE_FAKEGPU_STATS": str(stats)}, timeout=400)
+    _skip_without_capture(proc)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    calls = _calls(stats)
+    assert calls.get("cudnnBackendExecute", 0) >= 1  # --attention auto: cudnn
+    assert calls.get("cuMemAllocFromPoolAsync", 0) == 0
+
+
+def test_all_to_all_over_two_fake_devices_moves_the_blocks() -> None:
+    # A typical sharded program: it sets XLA_FLAGS itself, then shards a
+    # jitted step over both devices with an all-to-all (NCCL's
+    # ncclAlltoAll), whose blocks the fake moves as NCCL defines them.
+    proc = fake_run("""
+import os
+os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + \\
+    " --xla_gpu_autotune_level=0"
+import json, numpy as np, jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+try:
+    from jax import shard_map
+except ImportError:
+    from jax.experimental.shard_map import shard_map
+mesh = Mesh(np.array(jax.devices()), ("x",))
+n = len(jax.devices())
+step = jax.jit(shard_map(
+    lambda a: jax.lax.all_to_all(a, "x", 0, 0, tiled=True),
+    mesh=mesh, in_specs=P("x"), out_specs=P("x")))
+x = np.arange(n * n * 4 * 3, dtype=np.float32).reshape(n * n * 4, 3)
+y = np.asarray(step(jax.device_put(x, NamedSharding(mesh, P("x")))))
+expected = x.reshape(n, n, 4, 3).transpose(1, 0, 2, 3).reshape(-1, 3)
+print("RESULT " + json.dumps({"n": n, "same": bool(np.array_equal(
+    y, expected)), "text": step.lower(x).as_text().count("all_to_all")}))
+""", args=["--fake-gpu-count", "2"])
+    out = result(proc)
+    assert out["n"] == 2 and out["text"] >= 1
+    assert out["same"], proc.stdout[-2000:]
