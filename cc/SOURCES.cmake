@@ -48,6 +48,10 @@ set(JAXLAKE_SHIM_SOURCES
 set(JAXLAKE_FAKEGPU_SOURCES
   cc/fakegpu/state.cc
   cc/fakegpu/driver.cc
+  cc/fakegpu/device.cc
+  cc/fakegpu/memory.cc
+  cc/fakegpu/stream.cc
+  cc/fakegpu/module.cc
   cc/fakegpu/runtime.cc
   cc/fakegpu/libs.cc
   cc/fakegpu/stubs.cc

@@ -1,0 +1,199 @@
+// The fake driver's streams and events: each stream runs its work in order
+// on a thread of its own (fakegpu.h), events complete when the work recorded
+// before them has run.
+#include <mutex>
+#include <utility>
+
+#include "cc/fakegpu/driver.h"
+#include "cc/fakegpu/fakegpu.h"
+#include "cc/vmm/cuda_types.h"
+
+using namespace jaxlake::cuda;            // NOLINT: the driver's vocabulary
+using namespace jaxlake::fakegpu::driver;  // NOLINT: its shared state
+namespace fg = jaxlake::fakegpu;
+
+extern "C" {
+
+// ---- streams and events -----------------------------------------------------
+
+FAKE cuStreamCreate(CUstream* stream, unsigned int flags) {
+  ENTER();
+  int dev = 0;
+  if (CUresult r = NeedContext(&dev); r != CUDA_SUCCESS) return r;
+  if (stream == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *stream = static_cast<CUstream>(fg::NewStream(dev, flags, 0));
+  return CUDA_SUCCESS;
+}
+
+FAKE cuStreamCreateWithPriority(CUstream* stream, unsigned int flags,
+                                int priority) {
+  ENTER();
+  int dev = 0;
+  if (CUresult r = NeedContext(&dev); r != CUDA_SUCCESS) return r;
+  if (stream == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *stream = static_cast<CUstream>(fg::NewStream(dev, flags, priority));
+  return CUDA_SUCCESS;
+}
+
+FAKE cuStreamDestroy_v2(CUstream stream) {
+  ENTER();
+  return fg::DestroyStream(stream) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+FAKE cuStreamSynchronize(CUstream stream) {
+  ENTER();
+  if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  fg::Stream* s = StreamFor(stream);
+  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  s->Synchronize();
+  return CUDA_SUCCESS;
+}
+
+FAKE cuStreamQuery(CUstream stream) {
+  ENTER();
+  fg::Stream* s = StreamFor(stream);
+  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  return s->Idle() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+FAKE cuStreamGetPriority(CUstream stream, int* priority) {
+  ENTER();
+  fg::Stream* s = StreamFor(stream);
+  if (s == nullptr || priority == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *priority = s->priority;
+  return CUDA_SUCCESS;
+}
+
+FAKE cuStreamGetFlags(CUstream stream, unsigned int* flags) {
+  ENTER();
+  fg::Stream* s = StreamFor(stream);
+  if (s == nullptr || flags == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *flags = s->flags;
+  return CUDA_SUCCESS;
+}
+
+FAKE cuStreamGetCtx(CUstream stream, CUcontext* ctx) {
+  ENTER();
+  fg::Stream* s = StreamFor(stream);
+  if (s == nullptr || ctx == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *ctx = ContextOf(s->device());
+  return CUDA_SUCCESS;
+}
+
+FAKE cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int) {
+  ENTER();
+  fg::Stream* s = StreamFor(stream);
+  auto e = fg::EventOf(event);
+  if (s == nullptr || e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  fg::WaitEvent(s, e);
+  return CUDA_SUCCESS;
+}
+
+FAKE cuLaunchHostFunc(CUstream stream, void (*fn)(void*), void* data) {
+  ENTER();
+  fg::Stream* s = StreamFor(stream);
+  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  s->Enqueue([fn, data] { fn(data); });
+  return CUDA_SUCCESS;
+}
+
+FAKE cuStreamAddCallback(CUstream stream,
+                         void (*fn)(CUstream, CUresult, void*), void* data,
+                         unsigned int flags) {
+  ENTER();
+  fg::Stream* s = StreamFor(stream);
+  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (fn == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  s->Enqueue([fn, data, stream] { fn(stream, CUDA_SUCCESS, data); });
+  return CUDA_SUCCESS;
+}
+
+// No stream is ever captured: XLA's command buffers are built with the
+// graph calls, and those the fake does not implement.
+FAKE cuStreamIsCapturing(CUstream stream, int* status) {
+  ENTER();
+  if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (StreamFor(stream) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  *status = CU_STREAM_CAPTURE_STATUS_NONE;
+  return CUDA_SUCCESS;
+}
+
+FAKE cuThreadExchangeStreamCaptureMode(int* mode) {
+  ENTER();
+  if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  thread_local int t_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+  std::swap(*mode, t_mode);
+  return CUDA_SUCCESS;
+}
+
+FAKE cuEventCreate(CUevent* event, unsigned int flags) {
+  ENTER();
+  if (event == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *event = static_cast<CUevent>(fg::NewEvent(flags));
+  return CUDA_SUCCESS;
+}
+
+FAKE cuEventDestroy_v2(CUevent event) {
+  ENTER();
+  return fg::DestroyEvent(event) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_HANDLE;
+}
+
+FAKE cuEventRecord(CUevent event, CUstream stream) {
+  ENTER();
+  fg::Stream* s = StreamFor(stream);
+  auto e = fg::EventOf(event);
+  if (s == nullptr || e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  fg::RecordEvent(e, s);
+  return CUDA_SUCCESS;
+}
+
+FAKE cuEventRecordWithFlags(CUevent event, CUstream stream, unsigned int) {
+  return cuEventRecord(event, stream);
+}
+
+FAKE cuEventQuery(CUevent event) {
+  ENTER();
+  auto e = fg::EventOf(event);
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  std::lock_guard<std::mutex> lock(e->mu);
+  return e->completed >= e->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+FAKE cuEventSynchronize(CUevent event) {
+  ENTER();
+  auto e = fg::EventOf(event);
+  if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  std::unique_lock<std::mutex> lock(e->mu);
+  const std::uint64_t target = e->recorded;
+  e->cv.wait(lock, [&] { return e->completed >= target; });
+  return CUDA_SUCCESS;
+}
+
+FAKE cuEventElapsedTime(float* ms, CUevent start, CUevent end) {
+  ENTER();
+  auto a = fg::EventOf(start);
+  auto b = fg::EventOf(end);
+  if (ms == nullptr || a == nullptr || b == nullptr)
+    return CUDA_ERROR_INVALID_HANDLE;
+  double ta = 0, tb = 0;
+  {
+    std::lock_guard<std::mutex> lock(a->mu);
+    if (a->completed < a->recorded) return CUDA_ERROR_NOT_READY;
+    ta = a->time_ms;
+  }
+  {
+    std::lock_guard<std::mutex> lock(b->mu);
+    if (b->completed < b->recorded) return CUDA_ERROR_NOT_READY;
+    tb = b->time_ms;
+  }
+  *ms = static_cast<float>(tb > ta ? tb - ta : 0.0);
+  return CUDA_SUCCESS;
+}
+
+FAKE cuEventElapsedTime_v2(float* ms, CUevent start, CUevent end) {
+  return cuEventElapsedTime(ms, start, end);
+}
+
+
+}  // extern "C"
