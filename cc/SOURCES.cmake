@@ -52,7 +52,9 @@ set(JAXLAKE_FAKEGPU_SOURCES
   cc/fakegpu/memory.cc
   cc/fakegpu/stream.cc
   cc/fakegpu/module.cc
+  cc/fakegpu/graph.cc
   cc/fakegpu/runtime.cc
+  cc/fakegpu/graph_runtime.cc
   cc/fakegpu/libs.cc
   cc/fakegpu/stubs.cc
 )

@@ -359,6 +359,7 @@ FAKE cuCtxSynchronize() {
   ENTER();
   int dev = 0;
   if (CUresult r = NeedContext(&dev); r != CUDA_SUCCESS) return r;
+  if (CUresult r = CheckUnsafe(); r != CUDA_SUCCESS) return r;
   for (fg::Stream* s : fg::StreamsOf(dev)) s->Synchronize();
   return CUDA_SUCCESS;
 }

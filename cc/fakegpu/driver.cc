@@ -121,6 +121,11 @@ void* Lookup(const char* symbol, int version, cuuint64_t flags) {
   if (name == "cuGetProcAddress")
     return ::dlsym(Self(), version >= 12000 ? "cuGetProcAddress_v2"
                                             : "cuGetProcAddress");
+  // Where CUDA 12 changed a function's signature under its old name.
+  if (name == "cuGraphInstantiate" && version >= 12000)
+    return ::dlsym(Self(), "cuGraphInstantiateWithFlags");
+  if (name == "cuStreamGetCaptureInfo" && version >= 12030)
+    return ::dlsym(Self(), "cuStreamGetCaptureInfo_v3");
   if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0) {
     if (void* fn = ::dlsym(Self(), (name + "_ptsz").c_str())) return fn;
   }

@@ -1,8 +1,8 @@
 // The fake driver's own state and helpers, shared by the files that
 // implement the driver API (README.md lists them by API area): devices and
 // contexts (device.cc), memory (memory.cc), streams and events (stream.cc),
-// modules and kernels (module.cc), and errors and entry points by name
-// (driver.cc). Not a public header.
+// modules and kernels (module.cc), graphs and stream capture (graph.cc), and
+// errors and entry points by name (driver.cc). Not a public header.
 #ifndef JAXLAKE_FAKEGPU_DRIVER_H_
 #define JAXLAKE_FAKEGPU_DRIVER_H_
 
@@ -108,6 +108,35 @@ CUresult NeedInit();
 CUresult NeedContext(int* device = nullptr);
 // The stream a handle names, for the calling thread's current device.
 Stream* StreamFor(CUstream s);
+
+// Stream capture (graph.cc). When `stream` is being captured, each
+// Capture* call records its work as a node of the capture's graph instead
+// of running it, sets *r and returns true; otherwise it returns false and
+// the caller runs the work.
+bool CaptureCopy(CUstream stream, void* dst, const void* src, std::size_t n,
+                 CUresult* r);
+bool CaptureMemset(CUstream stream, cuda::CUdeviceptr dst, unsigned value,
+                   unsigned element, std::size_t count, CUresult* r);
+bool CaptureHost(CUstream stream, void (*fn)(void*), void* data, CUresult* r);
+bool CaptureKernel(CUstream stream, void* f, CUresult* r);
+bool CaptureEventRecord(CUstream stream, cuda::CUevent event, CUresult* r);
+bool CaptureEventWait(CUstream stream, cuda::CUevent event, CUresult* r);
+// Stream-ordered allocation and free under capture: memory alloc and free
+// nodes.
+bool CaptureAlloc(CUstream stream, int device, std::size_t bytes,
+                  cuda::CUdeviceptr* out, CUresult* r);
+bool CaptureFree(CUstream stream, cuda::CUdeviceptr p, CUresult* r);
+// Frees a graph allocation outside its graph (cuMemFreeAsync, cuMemFree)
+// in `stream`'s order; false when `p` is no graph allocation.
+bool FreeGraphAllocation(cuda::CUdeviceptr p, CUstream stream);
+// A potentially unsafe call (cuMemAlloc, a synchronous copy, ...) while the
+// calling thread is prohibited from it by a capture (the rule of its
+// capture mode): CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the thread's
+// captures are invalidated. Else CUDA_SUCCESS.
+CUresult CheckUnsafe();
+// A synchronisation or query of a capturing stream:
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and its capture is invalidated.
+CUresult CheckSync(CUstream stream);
 
 }  // namespace jaxlake::fakegpu::driver
 

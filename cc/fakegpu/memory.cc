@@ -46,6 +46,7 @@ CUresult Copy(void* dst, const void* src, std::size_t n, CUstream stream) {
   fg::Stream* s = StreamFor(stream);
   if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (n == 0) return CUDA_SUCCESS;
+  if (CUresult r = 0; CaptureCopy(stream, dst, src, n, &r)) return r;
   if (Pinned(dst) && Pinned(src)) {
     s->Enqueue([dst, src, n] { fg::Move(dst, src, n); });
   } else {
@@ -59,6 +60,7 @@ CUresult Copy(void* dst, const void* src, std::size_t n, CUstream stream) {
 CUresult CopySync(void* dst, const void* src, std::size_t n) {
   int dev = 0;
   if (CUresult r = NeedContext(&dev); r != CUDA_SUCCESS) return r;
+  if (CUresult r = CheckUnsafe(); r != CUDA_SUCCESS) return r;
   for (fg::Stream* s : fg::StreamsOf(dev)) s->Synchronize();
   if (n != 0) fg::Move(dst, src, n);
   return CUDA_SUCCESS;
@@ -70,6 +72,12 @@ CUresult Memset(CUdeviceptr dst, T value, std::size_t count, CUstream stream,
   if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
   fg::Stream* s = StreamFor(stream);
   if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (sync) {
+    if (CUresult r = CheckUnsafe(); r != CUDA_SUCCESS) return r;
+  } else if (CUresult r = 0; CaptureMemset(stream, dst, value, sizeof(T),
+                                           count, &r)) {
+    return r;
+  }
   s->Enqueue([dst, value, count] {
     fg::Fill<T>(reinterpret_cast<void*>(dst), value, count);
   });
@@ -220,6 +228,7 @@ FAKE cuMemAlloc_v2(CUdeviceptr* dptr, std::size_t size) {
   int dev = 0;
   if (CUresult r = NeedContext(&dev); r != CUDA_SUCCESS) return r;
   if (dptr == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = CheckUnsafe(); r != CUDA_SUCCESS) return r;
   return NewAllocation(dev, (size + kGranularity - 1) / kGranularity *
                                 kGranularity, false, dptr);
 }
@@ -228,11 +237,18 @@ FAKE cuMemFree_v2(CUdeviceptr dptr) {
   ENTER();
   if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
   if (dptr == 0) return CUDA_SUCCESS;
+  if (CUresult r = CheckUnsafe(); r != CUDA_SUCCESS) return r;
   Driver::Alloc a{};
   {
     Driver& d = D();
-    std::lock_guard<std::mutex> lock(d.mu);
+    std::unique_lock<std::mutex> lock(d.mu);
     auto it = d.allocs.find(dptr);
+    if (it == d.allocs.end() && FreeGraphAllocation(dptr, nullptr)) {
+      lock.unlock();  // a graph's allocation: freed in the device's order
+      int dev = fg::CurrentDevice();
+      for (fg::Stream* s : fg::StreamsOf(dev < 0 ? 0 : dev)) s->Synchronize();
+      return CUDA_SUCCESS;
+    }
     if (it == d.allocs.end() || it->second.pool)
       return CUDA_ERROR_INVALID_VALUE;
     a = it->second;
@@ -497,6 +513,8 @@ CUresult PoolAlloc(CUdeviceptr* dptr, std::size_t size, CUmemoryPool pool,
   const int dev = DeviceOfPool(pool);
   if (dptr == nullptr || size == 0 || dev < 0) return CUDA_ERROR_INVALID_VALUE;
   if (StreamFor(stream) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  // Under capture: a memory alloc node of the capture's graph.
+  if (CUresult r = 0; CaptureAlloc(stream, dev, size, dptr, &r)) return r;
   return NewAllocation(dev, (size + 511) / 512 * 512, true, dptr);
 }
 
@@ -504,13 +522,19 @@ CUresult PoolFree(CUdeviceptr dptr, CUstream stream) {
   if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
   fg::Stream* s = StreamFor(stream);
   if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  // Under capture: a memory free node (of a graph allocation only).
+  if (CUresult r = 0; CaptureFree(stream, dptr, &r)) return r;
   Driver::Alloc a{};
   {
     Driver& d = D();
-    std::lock_guard<std::mutex> lock(d.mu);
+    std::unique_lock<std::mutex> lock(d.mu);
     auto it = d.allocs.find(dptr);
-    if (it == d.allocs.end() || !it->second.pool)
-      return CUDA_ERROR_INVALID_VALUE;
+    if (it == d.allocs.end()) {
+      lock.unlock();
+      return FreeGraphAllocation(dptr, stream) ? CUDA_SUCCESS
+                                               : CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!it->second.pool) return CUDA_ERROR_INVALID_VALUE;
     a = it->second;
     d.allocs.erase(it);
     d.pool_used[a.device] -= a.size;

@@ -264,6 +264,7 @@ FAKE cuLaunchKernel(void* f, unsigned int, unsigned int, unsigned int,
   ENTER();
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (StreamFor(stream) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r = 0; CaptureKernel(stream, f, &r)) return r;
   Launched();
   return CUDA_SUCCESS;
 }
@@ -279,6 +280,7 @@ FAKE cuLaunchKernelEx(const LaunchConfig* config, void* f, void**, void**) {
   ENTER();
   if (config == nullptr || f == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (StreamFor(config->stream) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r = 0; CaptureKernel(config->stream, f, &r)) return r;
   Launched();
   return CUDA_SUCCESS;
 }
@@ -290,6 +292,7 @@ FAKE cuLaunchCooperativeKernel(void* f, unsigned int, unsigned int,
   ENTER();
   if (f == nullptr || StreamFor(stream) == nullptr)
     return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r = 0; CaptureKernel(stream, f, &r)) return r;
   Launched();
   return CUDA_SUCCESS;
 }

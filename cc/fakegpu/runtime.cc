@@ -299,13 +299,6 @@ RT int cudaStreamWaitEvent(void* stream, void* event, unsigned int flags) {
   return FromDriver(cuStreamWaitEvent(stream, event, flags));
 }
 
-RT int cudaStreamIsCapturing(void*, int* status) {
-  ENTER();
-  if (status == nullptr) return kErrorInvalidValue;
-  *status = 0;  // cudaStreamCaptureStatusNone
-  return kSuccess;
-}
-
 RT int cudaEventCreateWithFlags(void** event, unsigned int flags) {
   ENTER();
   return FromDriver(cuEventCreate(event, flags));

@@ -45,6 +45,7 @@ FAKE cuStreamSynchronize(CUstream stream) {
   if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
   fg::Stream* s = StreamFor(stream);
   if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r = CheckSync(stream); r != CUDA_SUCCESS) return r;
   s->Synchronize();
   return CUDA_SUCCESS;
 }
@@ -53,6 +54,7 @@ FAKE cuStreamQuery(CUstream stream) {
   ENTER();
   fg::Stream* s = StreamFor(stream);
   if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r = CheckSync(stream); r != CUDA_SUCCESS) return r;
   return s->Idle() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
@@ -85,6 +87,7 @@ FAKE cuStreamWaitEvent(CUstream stream, CUevent event, unsigned int) {
   fg::Stream* s = StreamFor(stream);
   auto e = fg::EventOf(event);
   if (s == nullptr || e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r = 0; CaptureEventWait(stream, event, &r)) return r;
   fg::WaitEvent(s, e);
   return CUDA_SUCCESS;
 }
@@ -94,6 +97,7 @@ FAKE cuLaunchHostFunc(CUstream stream, void (*fn)(void*), void* data) {
   fg::Stream* s = StreamFor(stream);
   if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (fn == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = 0; CaptureHost(stream, fn, data, &r)) return r;
   s->Enqueue([fn, data] { fn(data); });
   return CUDA_SUCCESS;
 }
@@ -105,25 +109,9 @@ FAKE cuStreamAddCallback(CUstream stream,
   fg::Stream* s = StreamFor(stream);
   if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (fn == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  // Stream callbacks cannot be captured (cuLaunchHostFunc can).
+  if (CUresult r = CheckSync(stream); r != CUDA_SUCCESS) return r;
   s->Enqueue([fn, data, stream] { fn(stream, CUDA_SUCCESS, data); });
-  return CUDA_SUCCESS;
-}
-
-// No stream is ever captured: XLA's command buffers are built with the
-// graph calls, and those the fake does not implement.
-FAKE cuStreamIsCapturing(CUstream stream, int* status) {
-  ENTER();
-  if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  if (StreamFor(stream) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  *status = CU_STREAM_CAPTURE_STATUS_NONE;
-  return CUDA_SUCCESS;
-}
-
-FAKE cuThreadExchangeStreamCaptureMode(int* mode) {
-  ENTER();
-  if (mode == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  thread_local int t_mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
-  std::swap(*mode, t_mode);
   return CUDA_SUCCESS;
 }
 
@@ -144,6 +132,7 @@ FAKE cuEventRecord(CUevent event, CUstream stream) {
   fg::Stream* s = StreamFor(stream);
   auto e = fg::EventOf(event);
   if (s == nullptr || e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r = 0; CaptureEventRecord(stream, event, &r)) return r;
   fg::RecordEvent(e, s);
   return CUDA_SUCCESS;
 }
