@@ -272,6 +272,62 @@ def test_train_sharded_two_fake_devices(tmp_path: pathlib.Path) -> None:
     assert calls["cuMemCreate"] >= 2
 
 
+# A typical user program: it replaces XLA_FLAGS itself before importing jax
+# (as Flax's multi-device examples do), so XLA runs with its default flags,
+# command buffers on, and it jits a training-like step with a loop and
+# several fusions over 2 devices.
+REPLACES_XLA_FLAGS = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_gpu_autotune_level=0"
+import json
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import jaxlake
+mesh = Mesh(np.array(jax.devices()), ("data",))
+rows = NamedSharding(mesh, P("data", None))
+@jax.jit
+def step(w, x):
+    def body(i, w):
+        for _ in range(3):
+            h = jnp.tanh(x @ w) * 0.5 + jnp.sin(w[:1])
+            g = x.T @ h / x.shape[0]
+            w = jnp.cos(w[::-1]) - 0.1 * g * i
+        return w
+    w = jax.lax.fori_loop(0, 4, body, w)
+    return w, jnp.mean(jnp.abs(w))
+w = jnp.ones((128, 128), jnp.float32)
+x = jax.device_put(np.ones((256, 128), np.float32), rows)
+for _ in range(3):
+    w, loss = step(w, x)
+loss.block_until_ready()
+counts = jaxlake.hook_counts()
+print("RESULT " + json.dumps({
+    "devices": len(jax.devices()), "platform": jax.devices()[0].platform,
+    "flags": os.environ["XLA_FLAGS"],
+    "served": counts.get("cuMemAllocFromPoolAsync", {}).get("served", 0),
+    "forwarded": counts.get("cuMemAllocFromPoolAsync", {}).get(
+        "forwarded", 0)}), flush=True)
+"""
+
+
+def test_program_replacing_xla_flags_runs_command_buffers_on_two_devices(
+        tmp_path: pathlib.Path) -> None:
+    stats = tmp_path / "fake.json"
+    proc = fake_run(REPLACES_XLA_FLAGS, args=["--fake-gpu-count", "2"],
+                    env={"JAXLAKE_FAKEGPU_STATS": str(stats)})
+    out = result(proc)
+    assert out["devices"] == 2 and out["platform"] == "gpu"
+    assert out["flags"] == "--xla_gpu_autotune_level=0"
+    assert out["served"] >= 2 and out["forwarded"] == 0
+    data = json.loads(stats.read_text())
+    calls = data["calls"]
+    # XLA built its command buffers as CUDA graphs and launched them.
+    assert calls.get("cuGraphCreate", 0) >= 1
+    assert calls.get("cuGraphLaunch", 0) >= 1
+    assert not [n for n in data["unsupported"] if "Graph" in n or
+                "Capture" in n], data["unsupported"]
+
+
 def test_doctor_fake_gpu_shows_the_hooks_live() -> None:
     proc = subprocess.run([JAXLAKE, "doctor", "--fake-gpu"],
                           capture_output=True, text=True, timeout=300,
