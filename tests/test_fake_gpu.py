@@ -14,6 +14,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -326,6 +327,25 @@ def test_program_replacing_xla_flags_runs_command_buffers_on_two_devices(
     assert calls.get("cuGraphLaunch", 0) >= 1
     assert not [n for n in data["unsupported"] if "Graph" in n or
                 "Capture" in n], data["unsupported"]
+
+
+def test_a_run_logs_no_xla_error_and_calls_no_stub() -> None:
+    # XLA's start-up asks NVML for fabric info, NVLink and confidential
+    # computing state, the driver for multicast and the runtime for stream
+    # priorities; the fake answers each as a GPU without the feature would,
+    # so XLA logs no error (glog's "E" lines) and no stub names itself.
+    proc = fake_run("""
+import jax, jax.numpy as jnp
+@jax.jit
+def f(x):
+    return jax.lax.fori_loop(0, 3, lambda i, x: jnp.tanh(x @ x) + i, x)
+print("RESULT", float(f(jnp.ones((64, 64))).sum()))
+""", env={"JAXLAKE_FAKEGPU_LOG": "stderr"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    errors = [l for l in proc.stderr.splitlines()
+              if re.match(r"E\d{4} \d\d:\d\d:\d\d", l)]
+    assert not errors, errors
+    assert "not supported by the fake" not in proc.stderr, proc.stderr
 
 
 def test_doctor_fake_gpu_shows_the_hooks_live() -> None:

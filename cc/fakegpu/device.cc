@@ -96,7 +96,7 @@ int Attribute(int attribute, int device) {
     case 129: return 0;            // UNIFIED_FUNCTION_POINTERS
     case 130: return 0;            // NUMA_CONFIG
     case 131: case 134: return -1; // NUMA_ID, HOST_NUMA_ID
-    case 132: return 1;            // MULTICAST_SUPPORTED
+    case 132: return 0;            // MULTICAST_SUPPORTED: no NVSwitch
     default: return 0;
   }
 }

@@ -196,6 +196,24 @@ FAKE cuMemSetAccess(CUdeviceptr ptr, std::size_t size,
   return FromStatus(fg::Host().set_access(ptr, size));
 }
 
+// The devices have no multicast (CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED is
+// 0): the granularity query answers CUDA_ERROR_NOT_SUPPORTED, one of its
+// documented errors, once its arguments are valid.
+struct MulticastProp {  // CUmulticastObjectProp
+  unsigned int numDevices;
+  std::size_t size;
+  unsigned long long handleTypes;
+  unsigned long long flags;
+};
+FAKE cuMulticastGetGranularity(std::size_t* granularity,
+                               const MulticastProp* prop, int option) {
+  ENTER();
+  if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  if (granularity == nullptr || prop == nullptr || option < 0 || option > 1)
+    return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
 // ---- plain allocations ------------------------------------------------------
 
 namespace {
