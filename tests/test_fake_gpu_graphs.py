@@ -381,3 +381,42 @@ def test_built_graph_child_node_and_exec_updates() -> None:
     assert out["third"] == [3] * 16
     assert out["calls"] == [5, 5, 5]
     assert out["bad"] == 910 and out["result"] == 2
+
+
+def test_stream_memory_operations_in_order_and_under_capture() -> None:
+    # XLA's own VMM allocator (an update mode other than ALWAYS_UPDATE)
+    # signals frees with cuStreamWriteValue64; the device attributes say
+    # 64-bit stream memory operations are supported.
+    out = result(run_case("""
+    s, t = stream(), stream()
+    flag = alloc(1 << 20)
+    put(flag, bytes(16))
+    W64, WAIT64 = lib.cuStreamWriteValue64_v2, lib.cuStreamWaitValue64_v2
+    # t waits (GEQ) for the value s writes; t's memset runs only after it.
+    ck(WAIT64(t, U64(flag), U64(5), 0), "wait")
+    ck(lib.cuMemsetD8Async(U64(flag + 8), ctypes.c_ubyte(7), SZ(8), t))
+    import time; time.sleep(0.05)
+    waited = lib.cuStreamQuery(t) == 600   # CUDA_ERROR_NOT_READY: waiting
+    ck(W64(s, U64(flag), U64(5), 0), "write")
+    ck(lib.cuStreamSynchronize(t))
+    after = list(get(flag, 16))
+    bad = W64(s, U64(flag + 1), U64(1), 0)       # misaligned
+    # Under capture a write is a node, run at each launch.
+    put(flag, bytes(8))
+    ck(lib.cuStreamBeginCapture_v2(s, THREAD_LOCAL), "begin")
+    ck(lib.cuStreamWriteValue32_v2(s, U64(flag), ctypes.c_uint32(9), 0))
+    r, g = end(s)
+    ck(r, "end")
+    ck(lib.cuStreamSynchronize(s))
+    before_launch = list(get(flag, 4))
+    _, types = nodes(g)
+    ck(lib.cuGraphLaunch(instantiate(g), s)); ck(lib.cuStreamSynchronize(s))
+    report(waited=waited, after=after, bad=bad, types=types,
+           before_launch=before_launch, launched=list(get(flag, 4)))
+    """))
+    assert out["waited"]
+    assert out["after"] == [5] + [0] * 7 + [7] * 8
+    assert out["bad"] == 1
+    assert out["types"] == [12]
+    assert out["before_launch"] == [0, 0, 0, 0]
+    assert out["launched"] == [9, 0, 0, 0]

@@ -8,6 +8,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -121,6 +122,9 @@ bool CaptureHost(CUstream stream, void (*fn)(void*), void* data, CUresult* r);
 bool CaptureKernel(CUstream stream, void* f, CUresult* r);
 bool CaptureEventRecord(CUstream stream, cuda::CUevent event, CUresult* r);
 bool CaptureEventWait(CUstream stream, cuda::CUevent event, CUresult* r);
+// Other stream work (stream memory operations): a batch memory operation
+// node that runs `work` at each launch.
+bool CaptureMemOp(CUstream stream, std::function<void()> work, CUresult* r);
 // Stream-ordered allocation and free under capture: memory alloc and free
 // nodes.
 bool CaptureAlloc(CUstream stream, int device, std::size_t bytes,

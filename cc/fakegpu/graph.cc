@@ -44,7 +44,7 @@ constexpr CUresult CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE = 910;
 enum NodeType {
   kKernel = 0, kMemcpy = 1, kMemset = 2, kHost = 3, kGraph = 4, kEmpty = 5,
   kWaitEvent = 6, kEventRecord = 7, kMemAlloc = 10, kMemFree = 11,
-  kConditional = 13,
+  kBatchMemOp = 12, kConditional = 13,
 };
 
 // The public parameter structs of cuda.h, field for field (the fake keeps
@@ -178,6 +178,7 @@ struct Node {
   unsigned long long cond = 0;         // kConditional: its handle
   int cond_type = 0;
   std::vector<std::unique_ptr<Graph>> bodies;
+  std::function<void()> work;          // kBatchMemOp (captured)
   const Node* origin = nullptr;        // in an executable: the graph's node
 };
 
@@ -331,6 +332,7 @@ std::unique_ptr<Graph> Clone(const Graph& src,
     c->dptr = n->dptr;
     c->cond = n->cond;
     c->cond_type = n->cond_type;
+    c->work = n->work;
     c->origin = executable ? (n->origin != nullptr ? n->origin : n.get())
                            : nullptr;
     for (Node* d : n->deps) c->deps.push_back(local.at(d));
@@ -426,13 +428,18 @@ void Launched(std::uint64_t n) {
 }
 
 // Makes the allocations of `g`'s alloc nodes live (charged to their
-// devices): false (nothing charged) when one does not fit.
-bool Allocate(const std::vector<CUdeviceptr>& addresses, CUresult* r) {
+// devices): false (nothing charged) when one does not fit, or when one is
+// still live from an earlier launch, unless `auto_free` (the instantiation
+// flag AUTO_FREE_ON_LAUNCH: freed and allocated again at the same address,
+// so it stays as it is).
+bool Allocate(const std::vector<CUdeviceptr>& addresses, bool auto_free,
+              CUresult* r) {
   Graphs& s = G();
   std::vector<CUdeviceptr> done;
   for (CUdeviceptr p : addresses) {
     auto it = s.allocations.find(p);
     if (it == s.allocations.end()) continue;
+    if (it->second.live && auto_free) continue;
     if (it->second.live) {  // a previous launch's, not freed
       *r = CUDA_ERROR_INVALID_VALUE;
     } else if (!fg::Charge(it->second.device, it->second.bytes)) {
@@ -507,6 +514,9 @@ void EnqueueGraph(const Graph& g, fg::Stream* s) {
       case kMemFree:
         EnqueueFree(s, n->dptr);
         break;
+      case kBatchMemOp:
+        if (n->work) s->Enqueue(n->work);
+        break;
       case kConditional: {
         Conditional& c = G().conditionals[n->cond];
         if ((c.flags & 1) != 0) c.value = c.default_value;
@@ -544,8 +554,10 @@ StreamCapture* CaptureOf(fg::Stream* s) {
 
 // Adds a node for work enqueued on a capturing stream: its dependencies are
 // the stream's, and it becomes the stream's only one.
-Node* CaptureNode(StreamCapture* sc) {
+Node* CaptureNode(StreamCapture* sc, int type, std::size_t bytes = 0) {
+  fg::CountGraphNode(type, bytes);
   auto node = std::make_unique<Node>();
+  node->type = type;
   node->owner = sc->capture->graph;
   node->deps = sc->deps;
   Node* n = node.get();
@@ -843,6 +855,7 @@ CUresult AddFromParams(Graph* g, void* const* deps, std::size_t count,
     DestroyNode(n);
     return r;
   }
+  fg::CountGraphNode(n->type, n->type == kMemAlloc ? n->bytes : 0);
   *out = n;
   return CUDA_SUCCESS;
 }
@@ -957,21 +970,13 @@ CUresult Launch(void* exec, CUstream stream) {
   Exec* e = ExecOf(exec);
   if (e == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (StreamCapture* sc = CaptureOf(s)) {  // a child graph node
-    Node* n = CaptureNode(sc);
-    n->type = kGraph;
+    Node* n = CaptureNode(sc, kGraph);
     n->child = Clone(*e->graph, nullptr, false);
     n->child->parent = sc->capture->graph;
     return CUDA_SUCCESS;
   }
-  if ((e->flags & 1) != 0) {  // AUTO_FREE_ON_LAUNCH
-    for (CUdeviceptr p : e->allocations) {
-      auto it = g.allocations.find(p);
-      if (it != g.allocations.end() && it->second.live) EnqueueFree(s, p);
-    }
-    s->Synchronize();
-  }
   CUresult r = CUDA_SUCCESS;
-  if (!Allocate(e->allocations, &r)) return r;
+  if (!Allocate(e->allocations, (e->flags & 1) != 0, &r)) return r;
   EnqueueGraph(*e->graph, s);
   return CUDA_SUCCESS;
 }
@@ -990,8 +995,7 @@ bool CaptureCopy(CUstream stream, void* dst, const void* src, std::size_t n,
   Lock lock(g.mu);
   StreamCapture* sc = CaptureOf(s);
   if (sc == nullptr) return false;
-  Node* node = CaptureNode(sc);
-  node->type = kMemcpy;
+  Node* node = CaptureNode(sc, kMemcpy);
   node->copy.srcMemoryType = 4;  // UNIFIED: one address space
   node->copy.srcDevice = reinterpret_cast<CUdeviceptr>(src);
   node->copy.dstMemoryType = 4;
@@ -1010,8 +1014,7 @@ bool CaptureMemset(CUstream stream, CUdeviceptr dst, unsigned value,
   Lock lock(g.mu);
   StreamCapture* sc = CaptureOf(s);
   if (sc == nullptr) return false;
-  Node* node = CaptureNode(sc);
-  node->type = kMemset;
+  Node* node = CaptureNode(sc, kMemset);
   node->memset = MemsetParams{dst, 0, value, element, count, 1};
   *r = CUDA_SUCCESS;
   return true;
@@ -1025,8 +1028,7 @@ bool CaptureHost(CUstream stream, void (*fn)(void*), void* data,
   Lock lock(g.mu);
   StreamCapture* sc = CaptureOf(s);
   if (sc == nullptr) return false;
-  Node* node = CaptureNode(sc);
-  node->type = kHost;
+  Node* node = CaptureNode(sc, kHost);
   node->host = HostParams{fn, data};
   *r = CUDA_SUCCESS;
   return true;
@@ -1039,8 +1041,7 @@ bool CaptureKernel(CUstream stream, void* f, CUresult* r) {
   Lock lock(g.mu);
   StreamCapture* sc = CaptureOf(s);
   if (sc == nullptr) return false;
-  Node* node = CaptureNode(sc);
-  node->type = kKernel;
+  Node* node = CaptureNode(sc, kKernel);
   node->kernel.func = f;
   *r = CUDA_SUCCESS;
   return true;
@@ -1078,8 +1079,7 @@ bool CaptureEventWait(CUstream stream, CUevent event, CUresult* r) {
   auto ev = g.events.find(e.get());
   if (ev == g.events.end()) {
     if (sc == nullptr) return false;
-    Node* node = CaptureNode(sc);
-    node->type = kWaitEvent;
+    Node* node = CaptureNode(sc, kWaitEvent);
     node->event = e;
     node->event_handle = event;
     *r = CUDA_SUCCESS;
@@ -1102,6 +1102,20 @@ bool CaptureEventWait(CUstream stream, CUevent event, CUresult* r) {
   return true;
 }
 
+bool CaptureMemOp(CUstream stream, std::function<void()> work,
+                  CUresult* r) {
+  fg::Stream* s = StreamFor(stream);
+  if (s == nullptr) return false;
+  Graphs& g = G();
+  Lock lock(g.mu);
+  StreamCapture* sc = CaptureOf(s);
+  if (sc == nullptr) return false;
+  Node* node = CaptureNode(sc, kBatchMemOp);
+  node->work = std::move(work);
+  *r = CUDA_SUCCESS;
+  return true;
+}
+
 bool CaptureAlloc(CUstream stream, int device, std::size_t bytes,
                   CUdeviceptr* out, CUresult* r) {
   fg::Stream* s = StreamFor(stream);
@@ -1113,8 +1127,7 @@ bool CaptureAlloc(CUstream stream, int device, std::size_t bytes,
   CUdeviceptr p = 0;
   *r = NewGraphAllocation(device, bytes, &p);
   if (*r != CUDA_SUCCESS) return true;
-  Node* node = CaptureNode(sc);
-  node->type = kMemAlloc;
+  Node* node = CaptureNode(sc, kMemAlloc, bytes);
   node->device = device;
   node->bytes = bytes;
   node->dptr = p;
@@ -1133,8 +1146,7 @@ bool CaptureFree(CUstream stream, CUdeviceptr p, CUresult* r) {
     *r = CUDA_ERROR_INVALID_VALUE;  // only graph allocations
     return true;
   }
-  Node* node = CaptureNode(sc);
-  node->type = kMemFree;
+  Node* node = CaptureNode(sc, kMemFree);
   node->dptr = p;
   *r = CUDA_SUCCESS;
   return true;
@@ -1385,6 +1397,7 @@ CUresult AddTyped(void** node, void* graph, void* const* deps, std::size_t n,
     DestroyNode(out);
     return r;
   }
+  fg::CountGraphNode(out->type, out->type == kMemAlloc ? out->bytes : 0);
   *node = out;
   return CUDA_SUCCESS;
 }

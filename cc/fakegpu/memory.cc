@@ -261,14 +261,16 @@ FAKE cuMemFree_v2(CUdeviceptr dptr) {
     Driver& d = D();
     std::unique_lock<std::mutex> lock(d.mu);
     auto it = d.allocs.find(dptr);
-    if (it == d.allocs.end() && FreeGraphAllocation(dptr, nullptr)) {
-      lock.unlock();  // a graph's allocation: freed in the device's order
-      int dev = fg::CurrentDevice();
+    if (it == d.allocs.end()) {
+      // A graph's allocation (graph.cc, whose lock is taken before this
+      // one elsewhere): freed in the device's order.
+      lock.unlock();
+      if (!FreeGraphAllocation(dptr, nullptr)) return CUDA_ERROR_INVALID_VALUE;
+      const int dev = fg::CurrentDevice();
       for (fg::Stream* s : fg::StreamsOf(dev < 0 ? 0 : dev)) s->Synchronize();
       return CUDA_SUCCESS;
     }
-    if (it == d.allocs.end() || it->second.pool)
-      return CUDA_ERROR_INVALID_VALUE;
+    if (it->second.pool) return CUDA_ERROR_INVALID_VALUE;
     a = it->second;
     d.allocs.erase(it);
   }

@@ -1,7 +1,11 @@
 // The fake driver's streams and events: each stream runs its work in order
 // on a thread of its own (fakegpu.h), events complete when the work recorded
 // before them has run.
+#include <chrono>
+#include <cstdint>
 #include <mutex>
+#include <thread>
+#include <type_traits>
 #include <utility>
 
 #include "cc/fakegpu/driver.h"
@@ -114,6 +118,86 @@ FAKE cuStreamAddCallback(CUstream stream,
   s->Enqueue([fn, data, stream] { fn(stream, CUDA_SUCCESS, data); });
   return CUDA_SUCCESS;
 }
+
+// ---- stream memory operations -------------------------------------------
+
+}  // extern "C"
+
+namespace {
+// A write of `value` to `addr` in stream order.
+template <typename T>
+CUresult WriteValue(CUstream stream, CUdeviceptr addr, T value,
+                    unsigned flags) {
+  fg::Stream* s = StreamFor(stream);
+  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (addr == 0 || addr % sizeof(T) != 0 || flags > 1)
+    return CUDA_ERROR_INVALID_VALUE;
+  auto work = [addr, value] {
+    __atomic_store_n(reinterpret_cast<T*>(addr), value, __ATOMIC_SEQ_CST);
+  };
+  if (CUresult r = 0; CaptureMemOp(stream, work, &r)) return r;
+  s->Enqueue(work);
+  return CUDA_SUCCESS;
+}
+
+// A wait, in stream order, until the value at `addr` meets the condition
+// of `flags` (GEQ, EQ, AND, NOR; the flush flag changes nothing here). The
+// stream's thread polls, as the GPU's front end does.
+template <typename T>
+CUresult WaitValue(CUstream stream, CUdeviceptr addr, T value,
+                   unsigned flags) {
+  fg::Stream* s = StreamFor(stream);
+  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  const unsigned op = flags & ~(1u << 30);
+  if (addr == 0 || addr % sizeof(T) != 0 || op > 3)
+    return CUDA_ERROR_INVALID_VALUE;
+  auto work = [addr, value, op] {
+    using S = std::make_signed_t<T>;
+    for (;;) {
+      const T v =
+          __atomic_load_n(reinterpret_cast<const T*>(addr), __ATOMIC_SEQ_CST);
+      const bool met = op == 0   ? static_cast<S>(v - value) >= 0
+                       : op == 1 ? v == value
+                       : op == 2 ? (v & value) != 0
+                                 : static_cast<T>(~(v | value)) != 0;
+      if (met) return;
+      std::this_thread::sleep_for(std::chrono::microseconds(20));
+    }
+  };
+  if (CUresult r = 0; CaptureMemOp(stream, work, &r)) return r;
+  s->Enqueue(work);
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+extern "C" {
+
+// The _v2 names are CUDA 12's for the same calls, and the per-thread
+// variants take the fake's default stream as the others do.
+#define JAXLAKE_FAKEGPU_MEMOP(name, impl, T)                              \
+  FAKE name(CUstream s, CUdeviceptr a, T v, unsigned int f) {             \
+    ENTER();                                                              \
+    return impl<T>(s, a, v, f);                                           \
+  }
+JAXLAKE_FAKEGPU_MEMOP(cuStreamWriteValue32, WriteValue, std::uint32_t)
+JAXLAKE_FAKEGPU_MEMOP(cuStreamWriteValue32_v2, WriteValue, std::uint32_t)
+JAXLAKE_FAKEGPU_MEMOP(cuStreamWriteValue32_ptsz, WriteValue, std::uint32_t)
+JAXLAKE_FAKEGPU_MEMOP(cuStreamWriteValue32_v2_ptsz, WriteValue,
+                      std::uint32_t)
+JAXLAKE_FAKEGPU_MEMOP(cuStreamWriteValue64, WriteValue, std::uint64_t)
+JAXLAKE_FAKEGPU_MEMOP(cuStreamWriteValue64_v2, WriteValue, std::uint64_t)
+JAXLAKE_FAKEGPU_MEMOP(cuStreamWriteValue64_ptsz, WriteValue, std::uint64_t)
+JAXLAKE_FAKEGPU_MEMOP(cuStreamWriteValue64_v2_ptsz, WriteValue,
+                      std::uint64_t)
+JAXLAKE_FAKEGPU_MEMOP(cuStreamWaitValue32, WaitValue, std::uint32_t)
+JAXLAKE_FAKEGPU_MEMOP(cuStreamWaitValue32_v2, WaitValue, std::uint32_t)
+JAXLAKE_FAKEGPU_MEMOP(cuStreamWaitValue32_ptsz, WaitValue, std::uint32_t)
+JAXLAKE_FAKEGPU_MEMOP(cuStreamWaitValue32_v2_ptsz, WaitValue, std::uint32_t)
+JAXLAKE_FAKEGPU_MEMOP(cuStreamWaitValue64, WaitValue, std::uint64_t)
+JAXLAKE_FAKEGPU_MEMOP(cuStreamWaitValue64_v2, WaitValue, std::uint64_t)
+JAXLAKE_FAKEGPU_MEMOP(cuStreamWaitValue64_ptsz, WaitValue, std::uint64_t)
+JAXLAKE_FAKEGPU_MEMOP(cuStreamWaitValue64_v2_ptsz, WaitValue, std::uint64_t)
+#undef JAXLAKE_FAKEGPU_MEMOP
 
 FAKE cuEventCreate(CUevent* event, unsigned int flags) {
   ENTER();
