@@ -420,3 +420,39 @@ def test_stream_memory_operations_in_order_and_under_capture() -> None:
     assert out["types"] == [12]
     assert out["before_launch"] == [0, 0, 0, 0]
     assert out["launched"] == [9, 0, 0, 0]
+
+
+def test_runtime_graph_calls_over_the_drivers() -> None:
+    out = result(run_case("""
+    s = stream()
+    dst, src = alloc(1 << 20), alloc(1 << 20)
+    put(src, bytes(range(64)))
+    put(dst, bytes(64))
+    ck(lib.cudaStreamBeginCapture(s, THREAD_LOCAL), "begin")
+    st = ctypes.c_int()
+    ck(lib.cudaStreamIsCapturing(s, ctypes.byref(st)))
+    ck(lib.cudaMemsetAsync(P(dst), 4, SZ(64), s), "memset")
+    g = P()
+    ck(lib.cudaStreamEndCapture(s, ctypes.byref(g)), "end")
+    root = (P * 1)()
+    n = SZ(1)
+    ck(lib.cudaGraphGetNodes(g, root, ctypes.byref(n)))
+    cp = P()
+    ck(lib.cudaGraphAddMemcpyNode1D(ctypes.byref(cp), g, root, SZ(1),
+                                    P(dst), P(src), SZ(16), 3), "1D")
+    e = P()
+    ck(lib.cudaGraphInstantiate(ctypes.byref(e), g, U64(0)), "inst")
+    ck(lib.cudaGraphLaunch(e, s)); ck(lib.cuStreamSynchronize(s))
+    first = list(get(dst, 32))
+    ck(lib.cudaGraphExecMemcpyNodeSetParams1D(e, cp, P(dst), P(src + 32),
+                                              SZ(16), 3), "set 1D")
+    ck(lib.cudaGraphLaunch(e, s)); ck(lib.cuStreamSynchronize(s))
+    deps = SZ(0)
+    ck(lib.cudaGraphNodeGetDependencies(cp, None, ctypes.byref(deps)))
+    report(status=st.value, first=first, second=list(get(dst, 32)),
+           deps=deps.value)
+    """))
+    assert out["status"] == 1
+    assert out["first"] == list(range(16)) + [4] * 16
+    assert out["second"] == list(range(32, 48)) + [4] * 16
+    assert out["deps"] == 1

@@ -1738,6 +1738,14 @@ FAKE cuGraphKernelNodeSetAttribute(void* node, int /*attr*/,
     return CUDA_ERROR_INVALID_VALUE;
   return CUDA_SUCCESS;
 }
+FAKE cuGraphKernelNodeGetAttribute(void* node, int /*attr*/, void* value) {
+  ENTER();
+  auto* n = static_cast<Node*>(node);
+  if (n == nullptr || value == nullptr || n->type != kKernel)
+    return CUDA_ERROR_INVALID_VALUE;
+  std::memset(value, 0, 64);  // CUlaunchAttributeValue: the defaults
+  return CUDA_SUCCESS;
+}
 FAKE cuGraphKernelNodeCopyAttributes(void* dst, void* src) {
   ENTER();
   auto* a = static_cast<Node*>(dst);

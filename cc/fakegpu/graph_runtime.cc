@@ -66,6 +66,35 @@ int cuGraphDebugDotPrint(void*, const char*, unsigned int);
 int cuDeviceGetGraphMemAttribute(int, int, void*);
 int cuDeviceSetGraphMemAttribute(int, int, void*);
 int cuDeviceGraphMemTrim(int);
+int cuGraphAddDependencies(void*, void* const*, void* const*, std::size_t);
+int cuGraphRemoveDependencies(void*, void* const*, void* const*, std::size_t);
+int cuGraphDestroyNode(void*);
+int cuGraphEventRecordNodeGetEvent(void*, void**);
+int cuGraphEventRecordNodeSetEvent(void*, void*);
+int cuGraphEventWaitNodeGetEvent(void*, void**);
+int cuGraphEventWaitNodeSetEvent(void*, void*);
+int cuGraphExecEventRecordNodeSetEvent(void*, void*, void*);
+int cuGraphExecEventWaitNodeSetEvent(void*, void*, void*);
+int cuGraphExecGetFlags(void*, unsigned long long*);
+int cuGraphExecNodeSetParams(void*, void*, void*);
+int cuGraphNodeSetParams(void*, void*);
+int cuGraphGetEdges(void*, void**, void**, std::size_t*);
+int cuGraphHostNodeGetParams(void*, void*);
+int cuGraphHostNodeSetParams(void*, const void*);
+int cuGraphKernelNodeGetParams_v2(void*, void*);
+int cuGraphKernelNodeSetParams_v2(void*, const void*);
+int cuGraphKernelNodeGetAttribute(void*, int, void*);
+int cuGraphKernelNodeSetAttribute(void*, int, const void*);
+int cuGraphKernelNodeCopyAttributes(void*, void*);
+int cuGraphMemAllocNodeGetParams(void*, void*);
+int cuGraphMemFreeNodeGetParams(void*, unsigned long long*);
+int cuGraphMemsetNodeGetParams(void*, void*);
+int cuGraphMemsetNodeSetParams(void*, const void*);
+int cuGraphMemcpyNodeSetParams(void*, const void*);
+int cuGraphNodeFindInClone(void**, void*, void*);
+int cuGraphNodeGetDependencies(void*, void**, std::size_t*);
+int cuGraphNodeGetDependentNodes(void*, void**, std::size_t*);
+int cuGraphNodeGetEnabled(void*, void*, unsigned int*);
 }
 
 namespace {
@@ -415,6 +444,184 @@ RT cudaGraphExecChildGraphNodeSetParams(void* exec, void* node, void* child) {
 RT cudaGraphNodeSetEnabled(void* exec, void* node, unsigned int enabled) {
   ENTER();
   return cuGraphNodeSetEnabled(exec, node, enabled);
+}
+
+// ---- node queries and parameters --------------------------------------------
+
+RT cudaGraphAddDependencies(void* graph, void* const* from, void* const* to,
+                            std::size_t n) {
+  ENTER();
+  return cuGraphAddDependencies(graph, from, to, n);
+}
+RT cudaGraphAddDependencies_v2(void* graph, void* const* from,
+                               void* const* to, const void* /*edges*/,
+                               std::size_t n) {
+  return cudaGraphAddDependencies(graph, from, to, n);
+}
+RT cudaGraphRemoveDependencies(void* graph, void* const* from,
+                               void* const* to, std::size_t n) {
+  ENTER();
+  return cuGraphRemoveDependencies(graph, from, to, n);
+}
+RT cudaGraphRemoveDependencies_v2(void* graph, void* const* from,
+                                  void* const* to, const void* /*edges*/,
+                                  std::size_t n) {
+  return cudaGraphRemoveDependencies(graph, from, to, n);
+}
+RT cudaGraphAddNode_v2(void** node, void* graph, void* const* deps,
+                       const void* /*edges*/, std::size_t n, void* params) {
+  return cudaGraphAddNode(node, graph, deps, n, params);
+}
+RT cudaGraphDestroyNode(void* node) {
+  ENTER();
+  return cuGraphDestroyNode(node);
+}
+RT cudaGraphGetEdges(void* graph, void** from, void** to, std::size_t* n) {
+  ENTER();
+  return cuGraphGetEdges(graph, from, to, n);
+}
+RT cudaGraphGetEdges_v2(void* graph, void** from, void** to, void* edges,
+                        std::size_t* n) {
+  if (edges != nullptr) return 801;  // the fake's edges carry no data
+  return cudaGraphGetEdges(graph, from, to, n);
+}
+RT cudaGraphNodeGetDependencies(void* node, void** deps, std::size_t* n) {
+  ENTER();
+  return cuGraphNodeGetDependencies(node, deps, n);
+}
+RT cudaGraphNodeGetDependencies_v2(void* node, void** deps, void* edges,
+                                   std::size_t* n) {
+  if (edges != nullptr) return 801;
+  return cudaGraphNodeGetDependencies(node, deps, n);
+}
+RT cudaGraphNodeGetDependentNodes(void* node, void** out, std::size_t* n) {
+  ENTER();
+  return cuGraphNodeGetDependentNodes(node, out, n);
+}
+RT cudaGraphNodeGetDependentNodes_v2(void* node, void** out, void* edges,
+                                     std::size_t* n) {
+  if (edges != nullptr) return 801;
+  return cudaGraphNodeGetDependentNodes(node, out, n);
+}
+RT cudaGraphNodeFindInClone(void** out, void* node, void* clone) {
+  ENTER();
+  return cuGraphNodeFindInClone(out, node, clone);
+}
+RT cudaGraphNodeGetEnabled(void* exec, void* node, unsigned int* enabled) {
+  ENTER();
+  return cuGraphNodeGetEnabled(exec, node, enabled);
+}
+RT cudaGraphNodeSetParams(void* node, void* params) {
+  ENTER();
+  return cuGraphNodeSetParams(node, params);
+}
+RT cudaGraphExecNodeSetParams(void* exec, void* node, void* params) {
+  ENTER();
+  return cuGraphExecNodeSetParams(exec, node, params);
+}
+RT cudaGraphExecGetFlags(void* exec, unsigned long long* flags) {
+  ENTER();
+  return cuGraphExecGetFlags(exec, flags);
+}
+RT cudaGraphKernelNodeGetParams(void* node, void* params) {
+  ENTER();
+  return cuGraphKernelNodeGetParams_v2(node, params);
+}
+RT cudaGraphKernelNodeSetParams(void* node, const void* params) {
+  ENTER();
+  return cuGraphKernelNodeSetParams_v2(node, params);
+}
+RT cudaGraphKernelNodeGetAttribute(void* node, int attr, void* value) {
+  ENTER();
+  return cuGraphKernelNodeGetAttribute(node, attr, value);
+}
+RT cudaGraphKernelNodeSetAttribute(void* node, int attr, const void* value) {
+  ENTER();
+  return cuGraphKernelNodeSetAttribute(node, attr, value);
+}
+RT cudaGraphKernelNodeCopyAttributes(void* dst, void* src) {
+  ENTER();
+  return cuGraphKernelNodeCopyAttributes(dst, src);
+}
+RT cudaGraphHostNodeGetParams(void* node, void* params) {
+  ENTER();
+  return cuGraphHostNodeGetParams(node, params);
+}
+RT cudaGraphHostNodeSetParams(void* node, const void* params) {
+  ENTER();
+  return cuGraphHostNodeSetParams(node, params);
+}
+RT cudaGraphMemsetNodeGetParams(void* node, void* params) {
+  ENTER();
+  return cuGraphMemsetNodeGetParams(node, params);
+}
+RT cudaGraphMemsetNodeSetParams(void* node, const void* params) {
+  ENTER();
+  return cuGraphMemsetNodeSetParams(node, params);
+}
+RT cudaGraphMemcpyNodeSetParams(void* node, const Memcpy3DParms* params) {
+  ENTER();
+  Memcpy3D m{};
+  if (int r = ToDriver(params, &m); r != 0) return r;
+  return cuGraphMemcpyNodeSetParams(node, &m);
+}
+RT cudaGraphMemcpyNodeSetParams1D(void* node, void* dst, const void* src,
+                                  std::size_t count, int /*kind*/) {
+  ENTER();
+  const Memcpy3D m = Linear(dst, src, count);
+  return cuGraphMemcpyNodeSetParams(node, &m);
+}
+RT cudaGraphMemAllocNodeGetParams(void* node, void* params) {
+  ENTER();
+  return cuGraphMemAllocNodeGetParams(node, params);
+}
+RT cudaGraphMemFreeNodeGetParams(void* node, void** dptr) {
+  ENTER();
+  unsigned long long p = 0;
+  const int r = cuGraphMemFreeNodeGetParams(node, &p);
+  if (r == 0 && dptr != nullptr) *dptr = reinterpret_cast<void*>(p);
+  return r;
+}
+RT cudaGraphEventRecordNodeGetEvent(void* node, void** event) {
+  ENTER();
+  return cuGraphEventRecordNodeGetEvent(node, event);
+}
+RT cudaGraphEventRecordNodeSetEvent(void* node, void* event) {
+  ENTER();
+  return cuGraphEventRecordNodeSetEvent(node, event);
+}
+RT cudaGraphEventWaitNodeGetEvent(void* node, void** event) {
+  ENTER();
+  return cuGraphEventWaitNodeGetEvent(node, event);
+}
+RT cudaGraphEventWaitNodeSetEvent(void* node, void* event) {
+  ENTER();
+  return cuGraphEventWaitNodeSetEvent(node, event);
+}
+RT cudaGraphExecEventRecordNodeSetEvent(void* exec, void* node, void* event) {
+  ENTER();
+  return cuGraphExecEventRecordNodeSetEvent(exec, node, event);
+}
+RT cudaGraphExecEventWaitNodeSetEvent(void* exec, void* node, void* event) {
+  ENTER();
+  return cuGraphExecEventWaitNodeSetEvent(exec, node, event);
+}
+RT cudaStreamUpdateCaptureDependencies_ptsz(void* stream, void** nodes,
+                                            std::size_t n,
+                                            unsigned int flags) {
+  return cudaStreamUpdateCaptureDependencies(stream, nodes, n, flags);
+}
+RT cudaStreamUpdateCaptureDependencies_v2(void* stream, void** nodes,
+                                          const void* /*edges*/,
+                                          std::size_t n, unsigned int flags) {
+  return cudaStreamUpdateCaptureDependencies(stream, nodes, n, flags);
+}
+RT cudaStreamUpdateCaptureDependencies_v2_ptsz(void* stream, void** nodes,
+                                               const void* edges,
+                                               std::size_t n,
+                                               unsigned int flags) {
+  return cudaStreamUpdateCaptureDependencies_v2(stream, nodes, edges, n,
+                                                flags);
 }
 
 // ---- graph memory -----------------------------------------------------------
