@@ -209,6 +209,14 @@ def test_capture_rules_by_mode() -> None:
     # The default streams cannot be captured; ending what never began.
     got["begin_null"] = lib.cuStreamBeginCapture_v2(P(0), THREAD_LOCAL)
     got["end_none"] = end(s)[0]
+    # Querying an event recorded in a capture invalidates that capture.
+    ev = P()
+    ck(lib.cuEventCreate(ctypes.byref(ev), 0))
+    ck(lib.cuStreamBeginCapture_v2(s, THREAD_LOCAL), "begin 5")
+    ck(lib.cuEventRecord(ev, s), "record in capture")
+    got["query_captured_event"] = lib.cuEventQuery(ev)
+    got["end_after_query"] = end(s)[0]
+    got["query_after_end"] = lib.cuEventQuery(ev)
     # Relaxed capture prohibits nothing.
     ck(lib.cuStreamBeginCapture_v2(s, RELAXED), "begin 4")
     got["alloc_in_relaxed"] = lib.cuMemAlloc_v2(ctypes.byref(p), SZ(4096))
@@ -222,6 +230,8 @@ def test_capture_rules_by_mode() -> None:
         "other_vs_local": 0, "sync_capturing": 900, "end_after_sync": 901,
         "begin_null": 900, "end_none": 401,
         "alloc_in_relaxed": 0, "end_relaxed": 0,
+        "query_captured_event": 900, "end_after_query": 901,
+        "query_after_end": 0,
     }
 
 

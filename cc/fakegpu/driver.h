@@ -138,6 +138,10 @@ bool FreeGraphAllocation(cuda::CUdeviceptr p, CUstream stream);
 // capture mode): CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the thread's
 // captures are invalidated. Else CUDA_SUCCESS.
 CUresult CheckUnsafe();
+// A synchronisation or query of an event whose last record was captured
+// (it marks a place in a graph, not in any stream's work): as CheckSync,
+// for the capture it was recorded in.
+CUresult CheckEventSync(cuda::CUevent event);
 // A synchronisation or query of a capturing stream:
 // CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and its capture is invalidated.
 CUresult CheckSync(CUstream stream);

@@ -1173,6 +1173,17 @@ CUresult CheckUnsafe() {
   return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 }
 
+CUresult CheckEventSync(CUevent event) {
+  auto e = fg::EventOf(event);
+  if (e == nullptr) return CUDA_SUCCESS;
+  Graphs& g = G();
+  Lock lock(g.mu);
+  auto it = g.events.find(e.get());
+  if (it == g.events.end()) return CUDA_SUCCESS;
+  it->second.capture->invalid = true;
+  return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
+}
+
 CUresult CheckSync(CUstream stream) {
   fg::Stream* s = StreamFor(stream);
   if (s == nullptr) return CUDA_SUCCESS;

@@ -229,6 +229,7 @@ FAKE cuEventQuery(CUevent event) {
   ENTER();
   auto e = fg::EventOf(event);
   if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r = CheckEventSync(event); r != CUDA_SUCCESS) return r;
   std::lock_guard<std::mutex> lock(e->mu);
   return e->completed >= e->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
@@ -237,6 +238,7 @@ FAKE cuEventSynchronize(CUevent event) {
   ENTER();
   auto e = fg::EventOf(event);
   if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (CUresult r = CheckEventSync(event); r != CUDA_SUCCESS) return r;
   std::unique_lock<std::mutex> lock(e->mu);
   const std::uint64_t target = e->recorded;
   e->cv.wait(lock, [&] { return e->completed >= target; });
