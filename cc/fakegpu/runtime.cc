@@ -12,7 +12,8 @@
 
 namespace fg = jaxlake::fakegpu;
 
-// The driver's entry points this file calls (driver.cc).
+// The driver's entry points this file calls (device.cc, memory.cc,
+// stream.cc).
 extern "C" {
 int cuInit(unsigned int);
 int cuDeviceGetAttribute(int*, int, int);
