@@ -647,6 +647,40 @@ def test_reads_the_gpu_checks_latency_sample() -> None:
     assert model.us("map", first[0]) == pytest.approx(first[1])
 
 
+def test_a_gpu_check_file_feeds_the_model(
+        tmp_path: pathlib.Path) -> None:
+    """The GPU check's output, in the shape latency.py writes on a GPU of
+    several devices (benchmarks/gpu/latency-sample-handwritten.json, a
+    hand-written sample: no GPU here), sets the model's points and terms
+    through --driver-model."""
+    sample = (pathlib.Path(__file__).resolve().parents[1] / "benchmarks" /
+              "gpu" / "latency-sample-handwritten.json")
+    doc = json.loads(sample.read_text())
+    assert "HAND-WRITTEN SAMPLE" in doc["source"]
+    lat = replay.Latency.from_spec(str(sample))
+    m = lat.model()
+    for kind, points in doc["calls"].items():
+        for p in points:
+            assert m.us(kind, p["bytes"]) == pytest.approx(p["us"])
+    assert m.peer_us == doc["terms"]["peer_us"]
+    assert m.first_set_access_us == doc["terms"]["first_set_access_us"]
+    # With eight devices the grant costs its points plus seven peers.
+    eight = replay.Latency.from_spec(f"{sample},devices=8").model()
+    assert eight.call_us("set_access", 2 * MIB) == pytest.approx(30 + 70)
+    folder = tmp_path / "suite"
+    folder.mkdir()
+    steps_trace(folder / "steps.jsonl")
+    code, out = _cli(["bench", "--suite", str(folder), "--no-plots",
+                      "--no-progress", "--out", str(tmp_path / "out"),
+                      "-p", "jaxlake,bfc", "--driver-model", str(sample)])
+    assert code == 0
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert data["latency"].startswith("HAND-WRITTEN SAMPLE")
+    r = data["traces"][0]["results"]["bfc"]
+    # bfc's first region is created at its size: the file's create curve.
+    assert r["driver_us"]["create"] > 0
+
+
 def test_lake_options_reach_the_replayed_lake(
         tmp_path: pathlib.Path) -> None:
     path = steps_trace(tmp_path / "s.jsonl")
