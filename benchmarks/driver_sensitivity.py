@@ -83,7 +83,7 @@ def main(argv: Sequence[str]) -> int:
     models: List[str] = args.model or list(DEFAULT_MODELS)
     rows = []
     for i, spec in enumerate(models):
-        rows.append((spec, conclusions(  # noqa: E128
+        rows.append((spec, conclusions(
             bench(spec, args.suite, os.path.join(args.out, str(i))))))
     peers = list(rows[0][1])
     print("| model | " + " | ".join(peers) + " |")

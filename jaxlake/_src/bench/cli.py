@@ -178,7 +178,7 @@ def _latency(command: str, args: argparse.Namespace) -> Any:
     try:
         if path:
             return Latency.load(path)
-        return Latency.from_spec(spec)
+        return Latency.from_spec(str(spec))
     except DriverModelError as e:
         _error(command, str(e))
         return EXIT_USAGE

@@ -271,19 +271,22 @@ def _parse_time(item: str, value: str) -> float:
     """Microseconds of "8us", "0.5ms", "1s"."""
     m = _TIME_RE.match(value)
     if not m:
-        raise DriverModelError(f"--driver-model {item}: {value!r} is not a time; "
-                           "give a number >= 0 with us, ms or s (e.g. 8us)")
+        raise DriverModelError(
+            f"--driver-model {item}: {value!r} is not a time; give a "
+            "number >= 0 with us, ms or s (e.g. 8us)")
     number = float(m.group(1)) * 10 ** int(m.group(2) or 0)
-    us = number * {"us": 1.0, "ms": 1e3, "s": 1e6}[m.group(3).lower()]
+    us = float(number * {"us": 1.0, "ms": 1e3, "s": 1e6}[m.group(3).lower()])
     if not math.isfinite(us):
-        raise DriverModelError(f"--driver-model {item}: {value!r} is not finite")
+        raise DriverModelError(
+            f"--driver-model {item}: {value!r} is not finite")
     return us
 
 
 def _parse_count(item: str, value: str) -> float:
     if not value.isdigit():
-        raise DriverModelError(f"--driver-model {item}: {value!r} is not a whole "
-                           "number of devices (1 or more)")
+        raise DriverModelError(
+            f"--driver-model {item}: {value!r} is not a whole number of "
+            "devices (1 or more)")
     return float(int(value))
 
 
