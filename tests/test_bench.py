@@ -85,7 +85,9 @@ def test_bench_table_comparisons_and_outputs(
                   "median allocator time per op, jaxlake / bfc",
                   "driver map calls, jaxlake vs gmlake",
                   "estimated driver time, suite total (ms)",
-                  "jaxlake driver memory calls in the second half"):
+                  "jaxlake driver memory calls in the second half",
+                  "within one granule per device of the stitching limit",
+                  "uncapped U >= 0.98 x the stitching limit's U"):
         assert claim in out
     assert "replay speed over" in out
     data = json.loads((out_dir / "results.json").read_text())
@@ -104,7 +106,7 @@ def test_bench_table_comparisons_and_outputs(
     assert first["fit_capacity"] >= first["peak_live"]
     assert first["u_fit"] == first["peak_live"] / first["fit_capacity"]
     assert "U_fit" in out.splitlines()[2]
-    assert len(data["comparisons"]) == 9
+    assert len(data["comparisons"]) == 11
     if has_matplotlib():
         png = (out_dir / "memory.png").read_bytes()
         assert png[:8] == b"\x89PNG\r\n\x1a\n"
@@ -602,3 +604,35 @@ def test_u_claim_names_every_trace_below_its_target(
     assert "fine" not in claim.detail
     claim = bench.comparisons(suite[:2])[0]
     assert claim.ok is True and "below" not in claim.detail
+
+
+def test_stitching_limit_claims_name_each_miss() -> None:
+    """The limit is the peak live bytes in whole granules per device: a fit
+    more than one granule per device above it, or an uncapped U below
+    0.98 of its U, is named; one granule over passes."""
+    import types
+    from jaxlake._src.bench import suite as bench_suite
+    mib = 1 << 20
+
+    def trace(name: str, fit_granules: int, reserved_granules: int,
+              devices: int = 1) -> "bench_suite.TraceResults":
+        live = 99 * mib  # 50 granules rounded up, per device
+        limit = 50 * 2 * mib * devices
+        r = types.SimpleNamespace(
+            policy="jaxlake", devices=devices, peak_live=live * devices,
+            min_reserved=limit, best_utilisation=live * devices / limit,
+            u_fit=live * devices / (fit_granules * 2 * mib),
+            utilisation=live * devices / (reserved_granules * 2 * mib))
+        return bench_suite.TraceResults(
+            name=name, path="", events=0, devices=devices,
+            peak_live=live * devices, load_s=0.0,
+            results=[r])  # type: ignore[list-item]
+
+    ok = [trace("one-over", 51, 51), trace("two-devices", 102, 102, 2)]
+    far, low = bench_suite._limit_comparisons(ok)
+    assert far.ok and low.ok
+    far, low = bench_suite._limit_comparisons(
+        ok + [trace("two-over", 52, 51), trace("surplus", 50, 53)])
+    assert not far.ok and "two-over" in far.detail
+    assert "surplus" not in far.detail
+    assert not low.ok and "surplus: U 0.934 < 0.98 x 0.990" in low.detail

@@ -90,6 +90,16 @@ def test_env_and_latency_steps_over_the_fake_driver(
         assert [p["bytes"] for p in points] == [2 << 20, 8 << 20, 32 << 20]
         assert all(p["us"] > 0 for p in points)
     assert "jaxlake fake device 0" in doc["source"]
+    # The fake driver has three devices: the grant to all of them gives
+    # the per-device term; the first grant is timed apart; the mostly
+    # used pass ran with other handles holding memory.
+    assert doc["measured"]["devices"] == 3
+    assert doc["measured"]["set_access_devices"] == 3
+    assert set(doc["terms"]) == {"first_set_access_us", "peer_us"}
+    assert doc["measured"]["mostly_used"]["used_fraction"] > 0.3
+    assert [p["bytes"] for p in doc["measured"]["mostly_used"]["calls"][
+        "create"]] == [2 << 20, 8 << 20, 32 << 20]
+    assert latency["terms"] == doc["terms"]
     # The env step passes where the plugin's minimum is met (the test extra
     # pins the CUDA 12 plugin; the fake driver says 13.0).
     if "jax-cuda12-plugin" in env["versions"]:

@@ -297,6 +297,46 @@ def test_per_tensor_variants_are_apart_from_the_suite(
     assert "--per-tensor needs --out" in capsys.readouterr().err
 
 
+def test_holdout_set_is_apart_from_the_suite_and_the_variants(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """build.py --holdout lists traces that are neither bundled nor
+    per-tensor variants, each per logical buffer: the three layouts on 2, 4
+    and 8 devices and the three remat policies at three sizes; it refuses
+    the bundled folder and --per-tensor with it."""
+    build = _build_py()
+    names = [s.name for s in build.HOLDOUT]
+    assert len(names) == len(set(names)) == 18
+    others = {s.name for s in build.SUITE} | set(build.KEPT) | {
+        s.name for s in build.PER_TENSOR}
+    assert not set(names) & others
+    assert all("--trace-per-tensor" in s.args for s in build.HOLDOUT)
+    sharded = {(s.args[s.args.index("--layout") + 1],
+                s.args[s.args.index("--cpu-devices") + 1])
+               for s in build.HOLDOUT if "--layout" in s.args}
+    assert sharded == {(layout, n) for layout in ("data", "fsdp", "tp")
+                       for n in ("2", "4", "8")}
+    remat = {(s.args[s.args.index("--preset") + 1],
+              s.args[s.args.index("--remat") + 1])
+             for s in build.HOLDOUT if "--remat" in s.args}
+    assert len(remat) == 9
+    assert build.HOLDOUT_SEEDS and 0 not in build.HOLDOUT_SEEDS
+    assert build.main(["--holdout", "--list"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == names
+
+    def no_build(*args: object, **kwargs: object) -> None:
+        raise AssertionError("--holdout began building into the suite")
+    build.build_one = no_build
+    with pytest.raises(SystemExit) as e:
+        build.main(["--holdout"])
+    assert e.value.code == 2
+    assert "--holdout needs --out" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        build.main(["--holdout", "--per-tensor", "--out", "/nonexistent"])
+    assert e.value.code == 2
+    assert "give one" in capsys.readouterr().err
+
+
 def test_device_less_compile_keeps_the_plugin_quiet(tmp_path: Path) -> None:
     """The plugin's "Could not find cuda drivers" lines, logged when the
     recorder loads it, are filtered out; other stderr output is kept."""

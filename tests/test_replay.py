@@ -559,6 +559,81 @@ def test_bench_and_replay_report_driver_time(
     assert "unknown call kind 'maps'" in capsys.readouterr().err
 
 
+def test_driver_model_items_scale_kinds_and_set_terms(
+        tmp_path: pathlib.Path) -> None:
+    defaults = replay._core().LatencyModel()
+    lat = replay.Latency.from_spec(
+        "create=8us,unmap=0.1ms,devices=8,peer=10us,first_set_access=1ms")
+    m = lat.model()
+    # A kind's points scale so that 2 MiB costs the time given.
+    assert m.us("create", 2 * MIB) == pytest.approx(8)
+    ratio = 8 / defaults.us("create", 2 * MIB)
+    assert m.us("create", 1 << 30) == pytest.approx(
+        defaults.us("create", 1 << 30) * ratio)
+    assert m.us("unmap", 2 * MIB) == pytest.approx(100)
+    assert m.us("map", 2 * MIB) == pytest.approx(defaults.us("map", 2 * MIB))
+    assert (m.devices, m.peer_us, m.first_set_access_us) == (8, 10, 1000)
+    assert m.call_us("set_access", 2 * MIB) == pytest.approx(
+        defaults.us("set_access", 2 * MIB) + 7 * 10)
+    assert "create=8us" in lat.source
+    # A file (the GPU check's output, with its terms), then an item.
+    path = latency_file(tmp_path / "l.json",
+                        {"create": [{"bytes": 2 * MIB, "us": 50},
+                                    {"bytes": 4 * MIB, "us": 60}]},
+                        terms={"peer_us": 3, "devices": 2})
+    both = replay.Latency.from_spec(f"{path},create=5us").model()
+    assert both.us("create", 2 * MIB) == pytest.approx(5)
+    assert both.us("create", 4 * MIB) == pytest.approx(6)
+    assert (both.devices, both.peer_us) == (2, 3)
+    # Each policy pays the terms: more devices, more access time.
+    trace = tracefile.read_trace(steps_trace(tmp_path / "s.jsonl"))
+    one = replay.replay(trace, "bfc")
+    eight = replay.replay(trace, "bfc", latency=replay.Latency.from_spec(
+        "devices=8,peer=10us"))
+    assert eight.driver_us["set_access"] == pytest.approx(
+        one.driver_us["set_access"] + 70 * one.calls["set_access"])
+
+
+@pytest.mark.parametrize("spec, message", [
+    ("create=8", "'8' is not a time"),
+    ("crate=8us", "unknown name 'crate'"),
+    ("devices=0", "devices must be a whole number"),
+    ("devices=2.5", "not a whole number of devices"),
+    ("peer=-1us", "is not a time"),
+    ("create=8us,,map=1us", "an empty item"),
+    ("", "empty"),
+])
+def test_bad_driver_model_items_are_usage_errors(
+        tmp_path: pathlib.Path, spec: str, message: str,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(replay.DriverModelError) as e:
+        replay.Latency.from_spec(spec)
+    assert message in str(e.value)
+    trace = steps_trace(tmp_path / "s.jsonl")
+    code, _ = _cli(["replay", trace, "-p", "bfc", "--driver-model", spec])
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_driver_model_file_errors_are_input_errors(
+        tmp_path: pathlib.Path, capsys: pytest.CaptureFixture[str]) -> None:
+    trace = steps_trace(tmp_path / "s.jsonl")
+    bad = latency_file(tmp_path / "bad.json", {"create": []})
+    code, _ = _cli(["replay", trace, "-p", "bfc", "--driver-model",
+                    f"create=8us,{bad}"])
+    assert code == 1
+    assert "calls.create must be a non-empty list" in capsys.readouterr().err
+    terms = latency_file(tmp_path / "t.json", {}, terms={"devices": 0})
+    code, _ = _cli(["replay", trace, "-p", "bfc", "--driver-model", terms])
+    assert code == 1
+    assert "terms.devices must be a whole number" in \
+        capsys.readouterr().err
+    code, _ = _cli(["replay", trace, "-p", "bfc", "--driver-model",
+                    "create=8us", "--latency", terms])
+    assert code == 2
+    assert "give one of them" in capsys.readouterr().err
+
+
 def test_reads_the_gpu_checks_latency_sample() -> None:
     """The file benchmarks/gpu/latency.py writes (a checked-in sample over
     the fake driver) is what --latency reads."""
@@ -570,6 +645,40 @@ def test_reads_the_gpu_checks_latency_sample() -> None:
     model = lat.model()
     first = lat.calls["map"][0]
     assert model.us("map", first[0]) == pytest.approx(first[1])
+
+
+def test_a_gpu_check_file_feeds_the_model(
+        tmp_path: pathlib.Path) -> None:
+    """The GPU check's output, in the shape latency.py writes on a GPU of
+    several devices (benchmarks/gpu/latency-sample-handwritten.json, a
+    hand-written sample: no GPU here), sets the model's points and terms
+    through --driver-model."""
+    sample = (pathlib.Path(__file__).resolve().parents[1] / "benchmarks" /
+              "gpu" / "latency-sample-handwritten.json")
+    doc = json.loads(sample.read_text())
+    assert "HAND-WRITTEN SAMPLE" in doc["source"]
+    lat = replay.Latency.from_spec(str(sample))
+    m = lat.model()
+    for kind, points in doc["calls"].items():
+        for p in points:
+            assert m.us(kind, p["bytes"]) == pytest.approx(p["us"])
+    assert m.peer_us == doc["terms"]["peer_us"]
+    assert m.first_set_access_us == doc["terms"]["first_set_access_us"]
+    # With eight devices the grant costs its points plus seven peers.
+    eight = replay.Latency.from_spec(f"{sample},devices=8").model()
+    assert eight.call_us("set_access", 2 * MIB) == pytest.approx(30 + 70)
+    folder = tmp_path / "suite"
+    folder.mkdir()
+    steps_trace(folder / "steps.jsonl")
+    code, out = _cli(["bench", "--suite", str(folder), "--no-plots",
+                      "--no-progress", "--out", str(tmp_path / "out"),
+                      "-p", "jaxlake,bfc", "--driver-model", str(sample)])
+    assert code == 0
+    data = json.loads((tmp_path / "out" / "results.json").read_text())
+    assert data["latency"].startswith("HAND-WRITTEN SAMPLE")
+    r = data["traces"][0]["results"]["bfc"]
+    # bfc's first region is created at its size: the file's create curve.
+    assert r["driver_us"]["create"] > 0
 
 
 def test_lake_options_reach_the_replayed_lake(

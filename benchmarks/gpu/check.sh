@@ -2,6 +2,9 @@
 # The GPU check of jaxlake, in one command (benchmarks/gpu/README.md):
 #
 #   benchmarks/gpu/check.sh [gpu_check.py arguments, e.g. --sanitizer]
+#   benchmarks/gpu/check.sh --only env,latency   # the driver model's
+#       constants alone: $OUT/latency.json feeds
+#       `jaxlake bench --driver-model $OUT/latency.json`
 #
 # About five minutes on an H200, never more than ten: the install (an
 # incremental build after the first) and then gpu_check.py with what is

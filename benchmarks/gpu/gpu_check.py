@@ -15,8 +15,10 @@ run stopped by its time limit still reports the steps it finished:
             allocation and free (forwarded 0), stitches, the bytes written
             through the stitched buffer read back equal, and both the shim
             and the real driver are loaded
-  latency   each driver call's latency by size (benchmarks/gpu/latency.py),
-            in the format of `jaxlake bench --latency FILE`
+  latency   each driver call's latency by size (benchmarks/gpu/latency.py):
+            2 MiB, 32 MiB and 1 GiB handles, access for 1 and up to 8
+            devices, the first grant, a mostly free and a mostly used
+            device; the format `jaxlake bench --driver-model FILE` reads
   train     20 training steps (examples/train_lm.py) with the lake and with
             cuda_async on the driver's pool (the shim loaded with
             JAXLAKE_SHIM_HOOKS=0), both with --xla_gpu_deterministic_ops:
@@ -422,12 +424,14 @@ def step_train(out: pathlib.Path, budget: Budget, steps: int, preset: str
 
 
 def step_latency(out: pathlib.Path, budget: Budget, libcuda: Optional[str],
-                 repeats: int, sizes: str) -> Tuple[Dict[str, Any], List[str]]:
+                 repeats: int, sizes: str, fill: float = 0.9
+                 ) -> Tuple[Dict[str, Any], List[str]]:
     if libcuda is None:
         return {}, ["no CUDA driver library found"]
     target = out / "latency.json"
     cmd = [sys.executable, str(HERE / "latency.py"), "--libcuda", libcuda,
-           "--out", str(target), "--repeats", str(repeats)]
+           "--out", str(target), "--repeats", str(repeats),
+           "--fill", str(fill)]
     if sizes:
         cmd += ["--sizes", sizes]
     code, seconds, text = run(cmd, base_env(), out / "latency.log",
@@ -439,6 +443,8 @@ def step_latency(out: pathlib.Path, budget: Budget, libcuda: Optional[str],
                         + text.strip()[-300:]]
     doc = json.loads(target.read_text())
     result["calls"] = doc["calls"]
+    result["terms"] = doc.get("terms", {})
+    result["measured"] = doc.get("measured", {})
     return result, []
 
 
@@ -541,6 +547,9 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--latency-repeats", type=int, default=10)
     parser.add_argument("--latency-sizes", default="")
+    parser.add_argument("--latency-fill", type=float, default=0.9,
+                        help="share of the free memory held during the "
+                             "latency step's mostly-used pass (0 skips it)")
     parser.add_argument("--sanitizer", action="store_true")
     parser.add_argument("--capacity-search", action="store_true")
     parser.add_argument("--cap", default="8GiB")
@@ -599,7 +608,7 @@ def main(argv: Sequence[str]) -> int:
             elif name == "latency":
                 result, failures = step_latency(
                     out, budget, libcuda, args.latency_repeats,
-                    args.latency_sizes)
+                    args.latency_sizes, args.latency_fill)
             elif name == "sanitizer":
                 result, failures = step_sanitizer(out, budget)
             else:

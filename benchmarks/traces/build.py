@@ -136,6 +136,39 @@ PER_TENSOR: List[Spec] = [
          "lm-small-per-tensor in float32"),
 ]
 
+#: The hold-out set: traces the lake's policy is never tuned on, kept apart
+#: from the bundled suite and from PER_TENSOR (docs/benchmarks.md,
+#: "Hold-out"). A policy change lands only if it holds on these as well as
+#: on the bundled suite. `--holdout` builds these, into a folder other than
+#: this one. They are per-buffer traces (one allocation per XLA logical
+#: buffer) of the sharded layouts on 2, 4 and 8 devices and of the remat
+#: policies at three model sizes (devices of 4 to 1,100 granules; most lie
+#: between 15 and 80, where one granule decides U_fit), and the synthetic
+#: traces at seeds no measurement used before (HOLDOUT_SEEDS, each in a
+#: folder synthetic-seed<N>).
+_HO = ("--steps", "3", "--batch", "16", "--seq-len", "128", "--dtype",
+       "bfloat16", "--trace-per-tensor")
+HOLDOUT: List[Spec] = [
+    *[Spec(f"ho-{layout}-{n}dev", "train_sharded.py",
+           ("--preset", "small", "--layout", layout, "--cpu-devices", str(n))
+           + (("--mesh", mesh) if mesh else ())
+           + _HO,
+           f"the {layout} layout over {n} devices, per logical buffer")
+      for layout, n, mesh in (
+          ("data", 2, None), ("data", 4, None), ("data", 8, None),
+          ("fsdp", 2, None), ("fsdp", 4, None), ("fsdp", 8, None),
+          ("tp", 2, "1x2"), ("tp", 4, "2x2"), ("tp", 8, "2x4"))],
+    *[Spec(f"ho-{preset}-remat-{remat}", "train_lm.py",
+           ("--preset", preset, "--no-scan-layers", "--remat", remat)
+           + _HO + extra,
+           f"{preset} preset, layers unrolled, --remat {remat}, per "
+           "logical buffer")
+      for preset, extra in (("tiny", ()), ("small", ("--batch", "8")),
+                            ("base", ("--batch", "4", "--compile-only")))
+      for remat in ("full", "dots-saveable", "attn-mlp-out-saveable")],
+]
+HOLDOUT_SEEDS = (100, 101, 102, 103)
+
 #: Traces recorded from earlier versions of the examples and kept because
 #: they show what no trace above does; build.py does not remake them.
 KEPT: Dict[str, str] = {
@@ -219,19 +252,28 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--per-tensor", action="store_true",
                         help="build the per-tensor variants (not bundled) "
                              "instead of the suite; needs --out")
+    parser.add_argument("--holdout", action="store_true",
+                        help="build the hold-out set (not bundled, never "
+                             "tuned on) instead of the suite; needs --out")
     args = parser.parse_args(argv)
-    specs = select(args.only, PER_TENSOR if args.per_tensor else SUITE)
+    if args.per_tensor and args.holdout:
+        parser.error("--per-tensor and --holdout build different sets: "
+                     "give one")
+    apart = args.per_tensor or args.holdout
+    specs = select(args.only, HOLDOUT if args.holdout else
+                   PER_TENSOR if args.per_tensor else SUITE)
     if args.list:
         for s in specs:
             print(f"{s.name:38} {s.script:18} {s.about}")
-        if not args.per_tensor:
+        if not apart:
             for name, about in KEPT.items():
                 print(f"{name:38} {'(kept)':18} {about}")
         return 0
     out = Path(args.out)
-    if args.per_tensor and out.resolve() == HERE:
-        parser.error("--per-tensor needs --out FOLDER: the variants are not "
-                     "part of the bundled suite")
+    if apart and out.resolve() == HERE:
+        parser.error(f"{'--holdout' if args.holdout else '--per-tensor'} "
+                     "needs --out FOLDER: these traces are not part of the "
+                     "bundled suite")
     out.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     failed = 0
@@ -250,6 +292,12 @@ def main(argv: Optional[List[str]] = None) -> int:
                   f"{r['bytes'] / 1024:8.1f} KiB {r['seconds']:6.1f}s",
                   flush=True)
     shutil.rmtree(cache, ignore_errors=True)
+    if args.holdout and not args.only:
+        from jaxlake._src.bench.suite import write_synthetic
+        for seed in HOLDOUT_SEEDS:
+            folder = out / f"synthetic-seed{seed}"
+            write_synthetic(str(folder), seed=seed)
+            print(f"synthetic traces, seed {seed}: {folder}", flush=True)
     total = sum(f.stat().st_size for f in out.glob("*.jsonl.gz"))
     print(f"{len(specs) - failed} of {len(specs)} traces in "
           f"{time.perf_counter() - started:.0f}s; {out} holds "

@@ -262,13 +262,19 @@ bool Lake::Impl::ClaimCapacity(std::uint64_t n) {
 }
 
 // Claims capacity for a growth that needs `need` chunks: a larger segment
-// where the capacity left allows it (at least grow_min bytes, and at least
-// 1/kGrowAhead of what the lake holds, the whole capacity at a
-// preallocating lake's first growth; at most `most`), else `need`.
+// where the capacity left allows it (at least grow_min bytes; while nothing
+// was freed since the last growth, at least 1/kGrowAhead of what the lake
+// holds; the whole capacity at a preallocating lake's first growth; at
+// most `most`), else `need`. The share is for a program building its
+// state, whose allocations only grow; once frees come between growths (a
+// step's transient buffers) a growth is a new high that the next step
+// repeats, and a share would stay unused at the peak (uncapped U paid up
+// to 1/16: docs/benchmarks.md, "Hold-out").
 // Returns the chunks claimed, 0 when the capacity forbids even `need`.
 std::uint64_t Lake::Impl::ClaimGrowth(std::uint64_t need, std::uint64_t most) {
   std::uint64_t want = std::max<std::uint64_t>(
-      opt.grow_min / gran, HeldBytes() / gran / kGrowAhead);
+      opt.grow_min / gran,
+      freed_since_growth ? 0 : HeldBytes() / gran / kGrowAhead);
   if (prealloc_pending) {  // the first growth of a preallocating lake
     prealloc_pending = false;
     want = std::max<std::uint64_t>(want, capacity / gran);

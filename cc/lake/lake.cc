@@ -48,8 +48,6 @@ std::string ValidateOptions(const LakeOptions& o, const vmm::Driver& driver) {
 // ---------------------------------------------------------------------------
 // The allocation order (lake.h). A large request tries, in order:
 //   fit or split  FindFit, ClaimPrimary (arena.cc): best fit in a free block
-//                 (TryFitBack, span.cc: a fit at a segment's start begins
-//                 in the free tail of the back-to-back segment before it)
 //   stitch reuse  TryReuse (stitch.cc): a cached stitched range
 //   stitch        TryStitch (stitch.cc): stitch free chunks into a range
 //   stitch grow   TryStitch: the same, with a new segment for the shortfall
@@ -79,10 +77,6 @@ Status Lake::Impl::LargeOnce(std::unique_lock<std::mutex>& lk, std::uint64_t n,
       *state = AllocState::stitch_reuse;
       return Status::kOk;
     }
-  }
-  if (found) {
-    Status r = TryFitBack(lk, fit, n, s, size, addr, state);
-    if (r != Status::kOutOfMemory) return r;
   }
   if (!found) {
     Status r = TrySpan(lk, n, s, size, addr, state);

@@ -19,9 +19,8 @@
 //             per-stream slabs instead of the shared blocks
 //
 // Allocation order for a request of n units on stream s:
-//   fit/split     a free block usable by s with >= n units (best fit);
-//                 one that starts its segment begins in the free tail of
-//                 the back-to-back segment before it, if any (an alias)
+//   fit/split     a free block usable by s with >= n units (best fit),
+//                 from its start
 //   stitch reuse  a cached stitched range whose n units are all free
 //   span          a free run across back-to-back segments (tail of one,
 //                 wholly free ones, head of the next): an alias, no call
@@ -35,8 +34,9 @@
 //                 last growth
 //   edge grow     a new segment right after the free run at the growth
 //                 edge, spanned with it, when that saves a chunk
-//   grow          a new segment of the whole chunks n units need, and at
-//                 least 1/16 of what the lake holds where the capacity left
+//   grow          a new segment of the whole chunks n units need, and,
+//                 while nothing was freed since the last growth, at least
+//                 1/16 of what the lake holds where the capacity left
 //                 allows (the rest stays free)
 // New segments lie back to back in one growing virtual reservation
 // (docs/design.md, "Growth").

@@ -193,8 +193,9 @@ struct Lake::Impl {
   // True when the pieces lie back to back at their primary addresses in
   // one growth range (a stitched range over them needs no mapping).
   bool BackToBack(const std::vector<Piece>& pieces) const;
-  // A new segment holds at least 1/kGrowAhead of the memory held, where
-  // the capacity left allows (docs/design.md, "Growth").
+  // While nothing was freed since the last growth, a new segment holds at
+  // least 1/kGrowAhead of the memory held, where the capacity left allows
+  // (docs/design.md, "Growth").
   static constexpr std::uint64_t kGrowAhead = 16;
   bool ClaimCapacity(std::uint64_t n);
   std::uint64_t ClaimGrowth(std::uint64_t need,
@@ -326,8 +327,6 @@ struct Lake::Impl {
   }
   // The segment right after seg_id in its growth range (0: none).
   std::uint64_t NextInRange(std::uint64_t seg_id) const;
-  // The segment right before seg_id in its growth range (0: none).
-  std::uint64_t PrevInRange(std::uint64_t seg_id) const;
   // The start of seg_id's last block when it is free and usable by s.
   bool LastFree(std::uint64_t seg_id, Stream s, std::uint64_t* start) const;
   // The end of seg_id's first block when it is free and usable by s.
@@ -350,9 +349,6 @@ struct Lake::Impl {
   Status ServeRun(std::unique_lock<std::mutex>& lk, std::uint64_t seg_id,
                   std::uint64_t start, std::uint64_t n, Stream s,
                   std::size_t size, std::uintptr_t* addr, AllocState* state);
-  Status TryFitBack(std::unique_lock<std::mutex>& lk, const FreeKey& fit,
-                    std::uint64_t n, Stream s, std::size_t size,
-                    std::uintptr_t* addr, AllocState* state);
   Status TryEdgeGrow(std::unique_lock<std::mutex>& lk, std::uint64_t n,
                      Stream s, std::size_t size, std::uintptr_t* addr,
                      AllocState* state);

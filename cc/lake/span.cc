@@ -18,16 +18,6 @@ std::uint64_t Lake::Impl::NextInRange(std::uint64_t seg_id) const {
   return segs.at(it->second).range == seg.range ? it->second : 0;
 }
 
-std::uint64_t Lake::Impl::PrevInRange(std::uint64_t seg_id) const {
-  const Segment& seg = segs.at(seg_id);
-  if (seg.range == 0) return 0;
-  auto it = seg_by_va.find(seg.va);
-  if (it == seg_by_va.begin()) return 0;
-  --it;
-  const Segment& prev = segs.at(it->second);
-  return prev.range == seg.range && EndOf(prev) == seg.va ? it->second : 0;
-}
-
 bool Lake::Impl::LastFree(std::uint64_t seg_id, Stream s,
                           std::uint64_t* start) const {
   const Segment& seg = segs.at(seg_id);
@@ -169,25 +159,6 @@ Status Lake::Impl::ServeRun(std::unique_lock<std::mutex>& lk,
     return Status::kOutOfMemory;
   return StitchPlan(lk, std::move(plan), lead, got, n, s, size, addr, state,
                     /*grow_ahead=*/false);
-}
-
-// A best fit that starts its segment is the end of a longer free run when
-// the back-to-back segment before it ends free: the request is served from
-// the start of that run, taking the free tail before the boundary first,
-// as one growing region would (no driver call: an alias).
-Status Lake::Impl::TryFitBack(std::unique_lock<std::mutex>& lk,
-                              const FreeKey& fit, std::uint64_t n, Stream s,
-                              std::size_t size, std::uintptr_t* addr,
-                              AllocState* state) {
-  const auto [len, seg_id, start] = fit;
-  if (start != 0 || !opt.stitch || size < opt.stitch_min)
-    return Status::kOutOfMemory;
-  const std::uint64_t prev = PrevInRange(seg_id);
-  std::uint64_t tail = 0;
-  if (prev == 0 || !LastFree(prev, s, &tail)) return Status::kOutOfMemory;
-  const std::uint64_t tail_units = segs.at(prev).nchunks * cu - tail;
-  if (tail_units >= n) return Status::kOutOfMemory;
-  return ServeRun(lk, prev, tail, n, s, size, addr, state);
 }
 
 // A growth that starts in the free run at the growth edge: the new segment

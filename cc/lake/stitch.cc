@@ -278,7 +278,8 @@ Status Lake::Impl::TryStitch(std::unique_lock<std::mutex>& lk, std::uint64_t n,
 // are free and usable by s, in range order (a stitch's plan, or a free run
 // across back-to-back segments), plus a new segment for the shortfall when
 // got < n. With grow_ahead, that segment is sized as a growth (ClaimGrowth:
-// at least 1/16 of what the lake holds, at most `most` chunks); the rest
+// at least 1/16 of what the lake holds while nothing was freed since the
+// last growth, at most `most` chunks); the rest
 // of it stays free. The
 // range is an alias when its pieces lie back to back, else it is mapped.
 // kOutOfMemory when the shortfall cannot be claimed (nothing changed).

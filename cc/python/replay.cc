@@ -464,6 +464,29 @@ void BindReplay(nb::module_& m) {
             return m.us(KindOf(kind), static_cast<std::size_t>(bytes));
           },
           "kind"_a, "bytes"_a, "Microseconds of one call of that size.")
+      .def(
+          "set_term",
+          [](vmm::LatencyModel& m, const std::string& name, double value) {
+            const std::string problem = m.set_term(name, value);
+            if (!problem.empty()) throw nb::value_error(problem.c_str());
+          },
+          "name"_a, "value"_a,
+          "Sets a scalar term (devices, peer_us, first_set_access_us); "
+          "ValueError naming a bad one.")
+      .def(
+          "call_us",
+          [](const vmm::LatencyModel& m, const std::string& kind,
+             std::uint64_t bytes, std::uint64_t handles) {
+            return m.call_us(KindOf(kind), static_cast<std::size_t>(bytes),
+                             handles);
+          },
+          "kind"_a, "bytes"_a, "handles"_a = 1,
+          "Microseconds of one call covering `handles` handles, with the "
+          "per-handle and per-device terms (not the first-grant term).")
+      .def_prop_ro("devices", &vmm::LatencyModel::devices)
+      .def_prop_ro("peer_us", &vmm::LatencyModel::peer_us)
+      .def_prop_ro("first_set_access_us",
+                   &vmm::LatencyModel::first_set_access_us)
       .def_rw("source", &vmm::LatencyModel::source);
 
   nb::class_<PolicyOptions>(m, "PolicyOptions",

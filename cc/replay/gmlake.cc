@@ -348,7 +348,10 @@ class GmlakePolicy final : public Policy {
       s.alive = false;
       s.pieces.clear();
       s.pieces.shrink_to_fit();
-      device_.count(vmm::Call::unmap, 1, std::size_t{s.nchunks} * gran_);
+      // One call over nchunks handles (a chunk is a handle): charged per
+      // handle.
+      device_.count(vmm::Call::unmap, 1, std::size_t{s.nchunks} * gran_,
+                    s.nchunks);
       device_.count(vmm::Call::address_free, 1,
                     std::size_t{s.nchunks} * gran_);
       ++evictions_;
@@ -365,7 +368,10 @@ class GmlakePolicy final : public Policy {
       erase_run(i, 0, s.nchunks);
       s.alive = false;
       s.refs.clear();
-      device_.count(vmm::Call::unmap, 1, std::size_t{s.nchunks} * gran_);
+      // One call over nchunks handles (a chunk is a handle): charged per
+      // handle.
+      device_.count(vmm::Call::unmap, 1, std::size_t{s.nchunks} * gran_,
+                    s.nchunks);
       device_.count(vmm::Call::address_free, 1,
                     std::size_t{s.nchunks} * gran_);
       device_.count(vmm::Call::release, s.nchunks, gran_);

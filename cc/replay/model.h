@@ -41,9 +41,10 @@ class SimDevice {
     return va;
   }
 
-  // n calls of kind c, each on `bytes` bytes.
-  void count(vmm::Call c, std::uint64_t n, std::size_t bytes) {
-    calls_.add(c, n, bytes);
+  // n calls of kind c, each on `bytes` bytes covering `handles` handles.
+  void count(vmm::Call c, std::uint64_t n, std::size_t bytes,
+             std::uint64_t handles = 1) {
+    calls_.add(c, n, bytes, handles);
   }
   const vmm::CallCounts& calls() const { return calls_.counts(); }
   const vmm::CallTimes& driver_us() const { return calls_.times(); }
@@ -53,7 +54,7 @@ class SimDevice {
   // memory a cudaMalloc returns is accessible, so it does the work of
   // cuMemSetAccess too (the page-table entries of the range): a VMM
   // allocator pays the same for the same bytes. Its address reservation
-  // and release (5 us each in the default model) are not charged.
+  // and release are not charged.
   bool cuda_malloc(std::size_t bytes) {
     const std::size_t rounded = RoundUp(bytes, granularity_);
     count(vmm::Call::create, 1, rounded);

@@ -140,10 +140,12 @@ inline std::size_t RoundUp(std::size_t x, std::size_t to) {
 class CallCounter {
  public:
   explicit CallCounter(const vmm::LatencyModel& latency) : clock_(latency) {}
-  // n calls of kind c, each on `bytes` bytes.
-  void add(vmm::Call c, std::uint64_t n, std::size_t bytes) {
+  // n calls of kind c, each on `bytes` bytes covering `handles` physical
+  // handles (map and unmap cost per handle: cc/vmm/latency.h).
+  void add(vmm::Call c, std::uint64_t n, std::size_t bytes,
+           std::uint64_t handles = 1) {
     counts_[static_cast<int>(c)] += n;
-    clock_.charge(c, bytes, n);
+    clock_.charge(c, bytes, n, handles);
   }
   const vmm::CallCounts& counts() const { return counts_; }
   const vmm::CallTimes& times() const { return clock_.times(); }

@@ -290,19 +290,25 @@ Status SimDriver::do_unmap(std::uintptr_t va, std::size_t size) {
   if (!s.Aligned(va) || !s.GoodSize(size) || !State::NoWrap(va, size))
     return Status::kInvalidValue;
   std::lock_guard<std::mutex> lock(s.mu);
-  s.clock.charge(Call::unmap, size);
   const std::uintptr_t end = va + size;
   // The range must be a run of whole mappings, the first starting at va and
   // the last ending at end, with no gap between them.
   auto first = s.mappings.find(va);
-  if (first == s.mappings.end()) return Status::kNotMapped;
+  if (first == s.mappings.end()) {
+    s.clock.charge(Call::unmap, size);
+    return Status::kNotMapped;
+  }
   auto last = first;
   std::uintptr_t covered = va;
+  std::uint64_t handles = 0;
   while (last != s.mappings.end() && last->first == covered &&
          covered < end) {
     covered += last->second.size;
+    ++handles;
     ++last;
   }
+  // Unmapping costs per handle (latency.h): one charge per mapping.
+  s.clock.charge(Call::unmap, size, 1, covered == end ? handles : 1);
   if (covered != end) return Status::kNotMapped;
   const Status st = os_unmap(va, size);
   if (st != Status::kOk) return st;

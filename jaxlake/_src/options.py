@@ -147,8 +147,9 @@ OPTIONS: Tuple[Option, ...] = (
            "Freed stitched ranges kept mapped for reuse."),
     Option("grow_min", "size", 0,
            "Least bytes of a segment made to grow the lake (cut to the "
-           "capacity left); 0: the request's chunks, and at least 1/16 of "
-           "what the lake holds."),
+           "capacity left); 0: the request's chunks, and, while nothing "
+           "was freed since the last growth, at least 1/16 of what the "
+           "lake holds."),
     Option("preallocate", "bool", False,
            "Take the whole capacity as one segment at the first allocation "
            "(as JAX preallocates), for a device the program has to itself: "

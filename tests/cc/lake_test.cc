@@ -256,11 +256,14 @@ TEST(free_tail_leads_a_stitch_to_save_a_whole_chunk) {
   CHECK_EQ(lake.check(), std::string());
 }
 
-// A best fit that starts its segment, right after a back-to-back segment
-// whose last block is free, is served from the start of that free run (as
-// one growing region would): the tail before the boundary is used first,
-// nothing is mapped, and the room left stays in one piece at the end.
-TEST(fit_at_a_segment_start_takes_the_free_tail_before_it) {
+// A best fit that starts its segment stays there, chunk-aligned, even when
+// the back-to-back segment before it ends in a free tail: starting in the
+// tail would move the request, and each later one carved after it, off
+// chunk boundaries, and once freed their chunks would hold free and live
+// units side by side, which no stitch takes (docs/benchmarks.md,
+// "Hold-out": taking the tail lowered U_fit on the hold-out and the
+// synthetic traces). A tail pending on another stream is not taken either.
+TEST(fit_at_a_segment_start_stays_on_its_chunks) {
   jaxlake::vmm::HostDriver drv(Small());
   Lake lake(drv, Capped(64 * kMiB));
   auto a = Alloc(lake, 5 * kMiB);  // segment A: 3 chunks, 1 MiB tail free
@@ -271,54 +274,36 @@ TEST(fit_at_a_segment_start_takes_the_free_tail_before_it) {
   const auto creates = drv.calls(Call::create);
   AllocState how{};
   auto c = Alloc(lake, 7 * kMiB + kMiB / 2, &how);  // best fit: B
-  CHECK(how == AllocState::stitch);
-  CHECK_EQ(c, a + 5 * kMiB);  // starts in A's free tail
+  CHECK(how == AllocState::fit || how == AllocState::split);
+  CHECK_EQ(c, b);  // at B's start, not in A's tail
   Fill(a, 5 * kMiB, 1);
   Fill(c, 7 * kMiB + kMiB / 2, 2);
-  // B's last 1.5 MiB are one free block: this fits there, with no growth.
-  auto d = Alloc(lake, kMiB + kMiB / 2, &how);
-  CHECK(how == AllocState::split || how == AllocState::fit);
-  CHECK_EQ(d, a + 12 * kMiB + kMiB / 2);
-  Fill(d, kMiB + kMiB / 2, 3);
   CHECK(Holds(a, 5 * kMiB, 1));
-  CHECK(Holds(c, 7 * kMiB + kMiB / 2, 2));
-  CHECK(Holds(d, kMiB + kMiB / 2, 3));
   CHECK_EQ(drv.calls(Call::map), maps);
   CHECK_EQ(drv.calls(Call::create), creates);
-  CHECK_EQ(lake.stats().bytes_reserved.current,
-           static_cast<std::int64_t>(14 * kMiB));
-  CHECK_EQ(lake.check(), std::string());
-  // Freed, the run is whole again: A's tail and all of B in one piece.
   CHECK(lake.free(c, 0) == Status::kOk);
-  CHECK(lake.free(d, 0) == Status::kOk);
-  auto e = Alloc(lake, 9 * kMiB, &how);
-  CHECK_EQ(e, a + 5 * kMiB);
-  CHECK_EQ(drv.calls(Call::create), creates);
-  for (auto p : {a, e}) CHECK(lake.free(p, 0) == Status::kOk);
-  CHECK_EQ(lake.check(), std::string());
-}
-
-// A tail freed on another stream, not yet known complete, is not taken.
-TEST(fit_back_leaves_a_tail_pending_on_another_stream) {
-  jaxlake::vmm::SimDriver drv(Small());
-  Lake lake(drv, Capped(64 * kMiB));
-  auto a = Alloc(lake, 5 * kMiB);
-  auto t = Alloc(lake, kMiB);  // fills A's tail
-  auto b = Alloc(lake, 8 * kMiB);
-  CHECK(lake.free(b, 0) == Status::kOk);
-  drv.hold_stream(7);  // stream 7's frees stay pending
-  CHECK(lake.free(t, 7) == Status::kOk);
-  AllocState how{};
-  auto c = Alloc(lake, 7 * kMiB, &how);
-  CHECK_EQ(c, b);  // B itself: the tail belongs to stream 7 for now
-  drv.release_stream(7);
-  for (auto p : {a, c}) CHECK(lake.free(p, 0) == Status::kOk);
+  // With A's tail freed on a stream whose work is pending, the same.
+  jaxlake::vmm::SimDriver sim(Small());
+  Lake other(sim, Capped(64 * kMiB));
+  auto a2 = Alloc(other, 5 * kMiB);
+  auto t = Alloc(other, kMiB);  // fills A's tail
+  auto b2 = Alloc(other, 8 * kMiB);
+  CHECK(other.free(b2, 0) == Status::kOk);
+  sim.hold_stream(7);
+  CHECK(other.free(t, 7) == Status::kOk);
+  CHECK_EQ(Alloc(other, 7 * kMiB, &how), b2);
+  sim.release_stream(7);
+  CHECK(other.free(a2, 0) == Status::kOk);
+  CHECK(other.free(b2, 0) == Status::kOk);
+  for (Lake* l : {&lake, &other}) CHECK_EQ(l->check(), std::string());
+  CHECK(lake.free(a, 0) == Status::kOk);
   CHECK_EQ(lake.check(), std::string());
 }
 
 // A growth holds at least 1/16 of what the lake holds (kGrowAhead), cut
-// to the capacity left, and at least grow_min; the first growth, with
-// nothing held, holds only what the request needs.
+// to the capacity left, while nothing was freed since the last growth, and
+// at least grow_min; the first growth, with nothing held, holds only what
+// the request needs.
 TEST(growth_holds_a_share_of_what_the_lake_holds) {
   {
     jaxlake::vmm::SimDriver drv(Small(1024 * kMiB));
@@ -337,7 +322,16 @@ TEST(growth_holds_a_share_of_what_the_lake_holds) {
     CHECK_EQ(lake.stats().bytes_reserved.current,
              static_cast<std::int64_t>(68 * kMiB));
     CHECK_EQ(drv.calls(Call::create), 2u);
-    for (auto p : {a, b, c}) CHECK(lake.free(p, 0) == Status::kOk);
+    // Once something was freed since the last growth, a growth holds only
+    // what the request needs: 1 chunk, where the share would be 2.
+    CHECK(lake.free(c, 0) == Status::kOk);
+    auto e = Alloc(lake, 3 * kMiB, &how);  // c's place again
+    CHECK(how == AllocState::fit);
+    auto f = Alloc(lake, kMiB, &how);
+    CHECK(how == AllocState::grow);
+    CHECK_EQ(lake.stats().bytes_reserved.current,
+             static_cast<std::int64_t>(70 * kMiB));
+    for (auto p : {a, b, e, f}) CHECK(lake.free(p, 0) == Status::kOk);
     CHECK_EQ(lake.check(), std::string());
   }
   {  // the share is cut to the capacity left, never below the need

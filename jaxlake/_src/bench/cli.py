@@ -21,7 +21,8 @@ from jaxlake._src.bench import suite as bench
 from jaxlake._src.trace import tracefile
 from jaxlake._src.errors import ConfigurationError
 from jaxlake._src.options import format_bytes, option_table, parse_text
-from jaxlake._src.bench.replay import (Capacity, Latency, LatencyError,
+from jaxlake._src.bench.replay import (Capacity, DriverModelError, Latency,
+                                       LatencyError,
                                        PolicyError, ReplayResult,
                                        check_policies, empty_trace_problem,
                                        policy_names, replay)
@@ -152,22 +153,39 @@ def _policies(values: Optional[Sequence[str]]) -> List[str]:
 
 def _add_latency(p: argparse.ArgumentParser) -> None:
     p.add_argument(
+        "--driver-model", metavar="SPEC",
+        help="change the driver-time model: comma-separated items applied "
+             "over the defaults, each a latency JSON file (written by the "
+             "GPU check), KIND=TIME (a call kind's time at 2 MiB, e.g. "
+             "create=8us), devices=N, peer=TIME or first_set_access=TIME; "
+             "see docs/benchmarks.md, Driver time")
+    p.add_argument(
         "--latency", metavar="FILE",
-        help="driver latency JSON (format jaxlake-driver-latency, written "
-             "by the GPU check) replacing the default latency model kind "
-             "by kind; see docs/benchmarks.md, Driver time")
+        help="a driver latency JSON file; the same as --driver-model FILE")
 
 
-def _latency(command: str, path: Optional[str]) -> Any:
-    """The --latency file read, None without one, or False (reported)
-    when it is bad."""
-    if not path:
+def _latency(command: str, args: argparse.Namespace) -> Any:
+    """The model --latency and --driver-model describe, None without
+    either, or the exit status (reported) when one is bad: usage for a
+    malformed item, input for a file that cannot be read or used."""
+    path = getattr(args, "latency", None)
+    spec = getattr(args, "driver_model", None)
+    if not path and spec is None:
         return None
+    if path and spec is not None:
+        _error(command, "--latency FILE is --driver-model FILE: give one "
+                        "of them (--driver-model FILE,create=8us combines)")
+        return EXIT_USAGE
     try:
-        return Latency.load(path)
+        if path:
+            return Latency.load(path)
+        return Latency.from_spec(str(spec))
+    except DriverModelError as e:
+        _error(command, str(e))
+        return EXIT_USAGE
     except LatencyError as e:
-        _error(command, f"--latency {e}")
-        return False
+        _error(command, f"--latency {e}" if path else f"--driver-model {e}")
+        return EXIT_INPUT
 
 
 def _error(command: str, message: str) -> None:
@@ -182,9 +200,9 @@ def _policies_and_latency(command: str, args: argparse.Namespace) -> Any:
     except PolicyError as e:
         _error(command, str(e))
         return EXIT_USAGE
-    latency = _latency(command, getattr(args, "latency", None))
-    if latency is False:
-        return EXIT_INPUT
+    latency = _latency(command, args)
+    if isinstance(latency, int):
+        return latency
     return policies, latency
 
 

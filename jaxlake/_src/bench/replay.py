@@ -104,6 +104,11 @@ class LatencyError(JaxlakeError, ValueError):
     """A driver latency file that does not follow the format."""
 
 
+class DriverModelError(LatencyError):
+    """A --driver-model item that is not well formed (bad usage, where a
+    LatencyError of a file it names is bad input)."""
+
+
 @dataclasses.dataclass(frozen=True)
 class Latency:
     """Driver latency points per call kind, overriding the sim driver's
@@ -113,6 +118,12 @@ class Latency:
 
     source: str
     calls: Dict[str, Tuple[Tuple[int, float], ...]]
+    #: The model's scalar terms (cc/vmm/latency.h): "devices", "peer_us",
+    #: "first_set_access_us"; those left out keep their defaults.
+    terms: Dict[str, float] = dataclasses.field(default_factory=dict)
+    #: Kinds whose default points are scaled so that their 2 MiB figure
+    #: becomes the given microseconds (--driver-model KIND=TIME).
+    scaled: Dict[str, float] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def load(cls, path: str) -> "Latency":
@@ -174,16 +185,145 @@ class Latency:
                                        f"(point {i}: {nbytes})")
                 parsed.append((nbytes, float(us)))
             out[kind] = tuple(parsed)
-        return cls(source=str(data.get("source", where)), calls=out)
+        terms_in = data.get("terms", {})
+        if not isinstance(terms_in, dict):
+            raise LatencyError(f"{where}: \"terms\" must be an object of "
+                               "term -> number")
+        terms: Dict[str, float] = {}
+        for name, value in terms_in.items():
+            problem = _term_problem(name, value)
+            if problem:
+                raise LatencyError(f"{where}: terms.{problem}")
+            terms[name] = float(value)
+        return cls(source=str(data.get("source", where)), calls=out,
+                   terms=terms)
 
     def model(self) -> Any:
         """The core's LatencyModel: the defaults, overridden by these
-        points."""
+        points, then scaled kinds, then terms."""
         m = _core().LatencyModel()
         for kind, points in self.calls.items():
             m.set(kind, [b for b, _ in points], [u for _, u in points])
+        for kind, us in self.scaled.items():
+            points = m.points(kind)
+            at = m.us(kind, _GRANULE) if points else 0.0
+            if at > 0:
+                m.set(kind, [b for b, _ in points],
+                      [u * us / at for _, u in points])
+            else:
+                m.set(kind, [_GRANULE], [us])
+        for name, value in self.terms.items():
+            m.set_term(name, value)
         m.source = self.source
         return m
+
+    @classmethod
+    def from_spec(cls, spec: str) -> "Latency":
+        """The model a --driver-model SPEC describes: comma-separated
+        items, applied in order over the defaults. An item is a latency
+        JSON file (the GPU check's output: its points and terms), KIND=TIME
+        (a call kind of cc/vmm/driver.h; its points scaled so that one call
+        on 2 MiB takes TIME, e.g. create=8us), devices=N (devices an access
+        grant covers), peer=TIME (each device after the first) or
+        first_set_access=TIME (the first grant's extra time). TIME is a
+        number with us or ms. LatencyError names a bad item."""
+        kinds = driver_call_kinds()
+        calls: Dict[str, Tuple[Tuple[int, float], ...]] = {}
+        terms: Dict[str, float] = {}
+        scaled: Dict[str, float] = {}
+        sources: List[str] = []
+        items = [i.strip() for i in spec.split(",")]
+        if not any(items):
+            raise DriverModelError("--driver-model: empty; give a latency "
+                                   "JSON file or items such as create=8us")
+        if not all(items):
+            raise DriverModelError(f"--driver-model {spec!r}: an empty item "
+                                   "(two commas, or one at an end)")
+        for item in items:
+            if "=" not in item:
+                loaded = cls.load(item)
+                for kind in loaded.calls:
+                    scaled.pop(kind, None)
+                calls.update(loaded.calls)
+                terms.update(loaded.terms)
+                sources.append(loaded.source)
+                continue
+            name, _, value = (x.strip() for x in item.partition("="))
+            if name in kinds:
+                us = _parse_time(item, value)
+                if name in calls:  # a file's points: scaled here
+                    probe = _core().LatencyModel()
+                    probe.set(name, [b for b, _ in calls[name]],
+                              [u for _, u in calls[name]])
+                    at = probe.us(name, _GRANULE)
+                    calls[name] = tuple((b, u * us / at) for b, u in
+                                        calls[name]) if at > 0 else \
+                        ((_GRANULE, us),)
+                else:
+                    scaled[name] = us
+            elif name in _TERM_ITEMS:
+                term = _TERM_ITEMS[name]
+                number = (_parse_count(item, value) if term == "devices"
+                          else _parse_time(item, value))
+                problem = _term_problem(term, number)
+                if problem:
+                    raise DriverModelError(f"--driver-model {item}: {problem}")
+                terms[term] = number
+            else:
+                raise DriverModelError(
+                    f"--driver-model {item}: unknown name {name!r}; expected "
+                    "a call kind (" + ", ".join(kinds) + ") or one of "
+                    + ", ".join(_TERM_ITEMS) + ", or a latency JSON file "
+                    "(no '=')")
+            sources.append(item)
+        return cls(source="defaults + " + ", ".join(sources)
+                   if not calls else ", ".join(sources),
+                   calls=calls, terms=terms, scaled=scaled)
+
+
+_GRANULE = 2 << 20
+#: --driver-model names of the model's scalar terms.
+_TERM_ITEMS = {"devices": "devices", "peer": "peer_us",
+               "first_set_access": "first_set_access_us"}
+_TIME_RE = re.compile(r"^\s*(\d+(?:\.\d*)?|\.\d+)(?:e([+-]?\d+))?\s*"
+                      r"(us|ms|s)\s*$", re.IGNORECASE)
+
+
+def _parse_time(item: str, value: str) -> float:
+    """Microseconds of "8us", "0.5ms", "1s"."""
+    m = _TIME_RE.match(value)
+    if not m:
+        raise DriverModelError(
+            f"--driver-model {item}: {value!r} is not a time; give a "
+            "number >= 0 with us, ms or s (e.g. 8us)")
+    number = float(m.group(1)) * 10 ** int(m.group(2) or 0)
+    us = float(number * {"us": 1.0, "ms": 1e3, "s": 1e6}[m.group(3).lower()])
+    if not math.isfinite(us):
+        raise DriverModelError(
+            f"--driver-model {item}: {value!r} is not finite")
+    return us
+
+
+def _parse_count(item: str, value: str) -> float:
+    if not value.isdigit():
+        raise DriverModelError(
+            f"--driver-model {item}: {value!r} is not a whole number of "
+            "devices (1 or more)")
+    return float(int(value))
+
+
+def _term_problem(name: str, value: Any) -> str:
+    """'' when `value` suits the term `name`, else what is wrong."""
+    if name not in _TERM_ITEMS.values():
+        return (f"{name}: unknown term; expected one of "
+                + ", ".join(_TERM_ITEMS.values()))
+    if isinstance(value, bool) or not isinstance(value, (int, float)) \
+            or not math.isfinite(value) or value < 0:
+        return f"{name} must be a number >= 0, got {value!r}"
+    if name == "devices" and (value < 1 or value != int(value)
+                              or value > 65536):
+        return f"devices must be a whole number from 1 to 65536, got {value:g}"
+    return ""
 
 
 def driver_call_kinds() -> Tuple[str, ...]:

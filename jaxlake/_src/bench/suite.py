@@ -225,6 +225,7 @@ def comparisons(suite: Sequence[TraceResults],
         "".join(f"; below: {tr.name} U {r.utilisation:.3f}"
                 for r, tr in below)))
     out.extend(_fit_comparisons(suite, policies))
+    out.extend(_limit_comparisons(suite))
     beaten = []
     for tr in suite:
         mine = tr.by_policy()["jaxlake"].utilisation
@@ -316,6 +317,40 @@ def _fit_comparisons(suite: Sequence[TraceResults],
         Comparison("jaxlake driver time at the fit capacity below every "
                    "policy within 0.01 of its U_fit, per trace", not slower,
                    "; ".join(slower) if slower else
+                   f"held on {len(suite)} trace(s)")]
+
+
+#: The granule the replays round capacities to (Capacity, fit.cc).
+_GRANULE = 2 << 20
+
+
+def _limit_comparisons(suite: Sequence[TraceResults]) -> List[Comparison]:
+    """jaxlake against the stitching limit: the peak live bytes of each
+    device rounded up to whole granules (no allocator that holds whole
+    granules needs less; `best_utilisation` is its U). U_fit within one
+    granule per device of it, uncapped U at least 0.98 of its U."""
+    lake = [(tr, tr.by_policy()["jaxlake"]) for tr in suite]
+    if any(r.u_fit is None for _, r in lake):
+        return []
+    far: List[str] = []
+    low: List[str] = []
+    for tr, r in lake:
+        fit_bytes = r.peak_live / r.u_fit if r.u_fit else float("inf")
+        over = (fit_bytes - r.min_reserved) / _GRANULE
+        if over > r.devices + 1e-9:
+            far.append(f"{tr.name}: U_fit {r.u_fit:.3f}, limit "
+                       f"{r.best_utilisation:.3f} ({over:.0f} granules "
+                       f"over on {r.devices} device(s))")
+        if r.utilisation < 0.98 * r.best_utilisation - 1e-12:
+            low.append(f"{tr.name}: U {r.utilisation:.3f} < 0.98 x "
+                       f"{r.best_utilisation:.3f}")
+    return [
+        Comparison("jaxlake U_fit within one granule per device of the "
+                   "stitching limit (peak live in whole granules), per "
+                   "trace", not far, "; ".join(far) if far else
+                   f"held on {len(suite)} trace(s)"),
+        Comparison("jaxlake uncapped U >= 0.98 x the stitching limit's U, "
+                   "per trace", not low, "; ".join(low) if low else
                    f"held on {len(suite)} trace(s)")]
 
 
