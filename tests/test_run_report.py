@@ -146,6 +146,10 @@ def test_exit_report_gives_each_device_the_lakes_figures() -> None:
         bufs = [jax.device_put(np.full(3 << 20, i, np.float32)) for i in range(8)]
         for b in bufs[::2]:
             b.delete()
+        # The frees wait on events recorded on the transfer stream; work
+        # put on that stream after them, once done, has let them pass, so
+        # the lake can stitch the freed pieces however loaded the machine.
+        jax.device_put(np.zeros(1, np.float32)).block_until_ready()
         big = jax.device_put(np.ones(30 << 20, np.uint8)); big.block_until_ready()
         y = jax.jit(lambda a: a * 2)(bufs[1]); y.block_until_ready()
         raw = xla._loaded_shim().stats(0)
