@@ -45,6 +45,13 @@ def register(commands: Any) -> None:
     run.add_argument("--fake-gpu-memory", metavar="SIZE",
                      help="memory of each fake device (default: the "
                           "model's, 80GiB or 141GiB)")
+    run.add_argument("--no-lake", action="store_true",
+                     help="with --fake-gpu: leave the lake out and run on "
+                          "XLA's own allocator as the program's settings "
+                          "choose it (XLA_PYTHON_CLIENT_ALLOCATOR, "
+                          "_PREALLOCATE, XLA_CLIENT_MEM_FRACTION, XLA_FLAGS; "
+                          "JAX's default when none is set): nothing is "
+                          "forced, and the shim only forwards")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="COMMAND",
                      help="the program and its arguments (after --)")
     run.set_defaults(func=_run)
@@ -66,6 +73,23 @@ def register(commands: Any) -> None:
     doctor.set_defaults(func=_doctor)
 
 
+def no_lake_environment(environ: Dict[str, str], fake: Dict[str, str]
+                        ) -> Dict[str, str]:
+    """The environment of `jaxlake run --fake-gpu --no-lake`: the fake GPU
+    under XLA's own allocator, configured as the program's environment
+    configures it (nothing forced). The shim stays libcuda.so.1 in the
+    fake's folder, forwarding every call (JAXLAKE_SHIM_HOOKS=0); the lake's
+    own settings (JAXLAKE=1, --jaxlake_* entries of XLA_FLAGS, which XLA
+    would refuse) are taken out."""
+    env = dict(environ)
+    env.update(fake)
+    xla.strip_xla_flags(env)
+    env.pop(xla.ENABLE_ENV, None)
+    env.pop(xla.TRACE_ENV, None)
+    env[xla.HOOKS_ENV] = "0"
+    return env
+
+
 def run_environment(environ: Dict[str, str], trace: Optional[str],
                     fake: Optional[Dict[str, str]] = None) -> Dict[str, str]:
     """The environment `jaxlake run` gives the program (over the fake GPU
@@ -75,6 +99,7 @@ def run_environment(environ: Dict[str, str], trace: Optional[str],
     if fake is not None:
         env.update(fake)
     resolved, trace, _ = xla.resolve_settings(env, {}, trace, False)
+    xla.capacity_rule(resolved, env)  # a bad or doubled XLA memory fraction
     driver, why = xla.find_real_driver(env)
     if driver is None:
         raise ConfigurationError(why)
@@ -119,6 +144,19 @@ def _run(args: argparse.Namespace) -> int:
         print("jaxlake run: --fake-gpu-count needs --fake-gpu",
               file=sys.stderr)
         return 2
+    if args.no_lake:
+        if fake is None:
+            print("jaxlake run: --no-lake needs --fake-gpu (without the "
+                  "fake GPU and the lake, run the program directly)",
+                  file=sys.stderr)
+            return 2
+        if args.trace is not None:
+            print("jaxlake run: --trace needs the lake (the lake writes the "
+                  "trace); leave out --no-lake or --trace", file=sys.stderr)
+            return 2
+        env = no_lake_environment(dict(os.environ), fake)
+        return _exec(argv, env, notice + "jaxlake run: no lake: XLA's own "
+                     "allocator, as the program's settings choose it\n")
     try:
         env = run_environment(dict(os.environ), args.trace, fake)
     except ConfigurationError as error:
@@ -132,6 +170,11 @@ def _run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"jaxlake run: {error}\n" + startup.without_lake(
             "jaxlake run", "--required"))
         return _run_without_lake(argv, str(error))
+    return _exec(argv, env, notice)
+
+
+def _exec(argv: List[str], env: Dict[str, str], notice: str) -> int:
+    """Replaces this process by the program (127 when it cannot start)."""
     sys.stderr.write(notice)
     sys.stdout.flush()
     sys.stderr.flush()
