@@ -32,13 +32,14 @@ def _traces(folder: Path):
     return make
 
 
-def _runs(limit: int, calls: List[Tuple[str, int]]):
-    """A stand-in for the program's real runs: values up to `limit` fit,
-    larger ones end with XLA's out-of-memory error."""
+def _runs(limit: int, calls: List[Tuple[str, int]], lake: int = 0):
+    """A stand-in for the program's real runs: values up to `limit` fit
+    (`lake` for the lake's own real run), larger ones end with XLA's
+    out-of-memory error."""
     def run_real(policy: real.RealPolicy, value: int,
                  label: str) -> real.Outcome:
         calls.append((policy.name, value))
-        if value <= limit:
+        if value <= (lake if policy.lake else limit):
             return real.Outcome(True)
         return real.Outcome(False, value * MIB, "RESOURCE_EXHAUSTED: Out "
                             "of memory while trying to allocate")
@@ -52,10 +53,10 @@ def test_real_runs_are_verdicts_shared_and_jax_default_comes_first(
     values = search.grid(vary, "pow2", 1)
     report = run.fit(["prog", "{n}"], vary, values,
                      engine.Gpu.parse("64MiB"),
-                     ["jaxlake", "bfc", "real:jax-default", "real:bfc",
-                      "real:bfc-growth"],
+                     ["jaxlake", "bfc", "real:jaxlake", "real:jax-default",
+                      "real:bfc", "real:bfc-growth"],
                      make_trace=_traces(tmp_path),
-                     real_run=_runs(16, calls))
+                     real_run=_runs(16, calls, lake=64))
     # Each real policy's verdict is its runs': 16 fits, 32 does not.
     for name in ("real:jax-default", "real:bfc", "real:bfc-growth"):
         f = report.policy(name)
@@ -66,15 +67,20 @@ def test_real_runs_are_verdicts_shared_and_jax_default_comes_first(
     # real:bfc is the allocator nothing set picks: it shares JAX's
     # default's runs; bfc-growth runs its own. One run per value probed.
     ran = {name for name, _ in calls}
-    assert ran == {"real:jax-default", "real:bfc-growth"}
+    assert ran == {"real:jaxlake", "real:jax-default", "real:bfc-growth"}
     assert len(calls) == len(set(calls)) == report.real_runs
     assert report.policy("real:bfc").probed == \
         report.policy("real:jax-default").probed
-    # jaxlake (a model here, 48 MiB of capacity) against JAX's default
-    # first: its real run, then the others.
+    # The lake against JAX's default first, like with like: the lake's real
+    # run (64) against JAX's default's (16); the lake's model (32: 48 MiB
+    # of capacity) against the model bfc (32); never a real run against a
+    # replay.
     gains = report.gains()
     assert list(gains)[0] == "real:jax-default"
-    assert gains["real:jax-default"] == pytest.approx(100.0)  # 32 vs 16
+    assert gains["real:jax-default"] == pytest.approx(300.0)  # 64 vs 16
+    assert gains["real:bfc-growth"] == pytest.approx(300.0)
+    assert gains["bfc"] == pytest.approx(0.0)
+    assert "real:jaxlake" not in gains and "jaxlake" not in gains
     data = json.loads(json.dumps(report.to_json()))
     assert data["version"] == 2
     pol = data["policies"]
@@ -93,10 +99,12 @@ def test_real_runs_are_verdicts_shared_and_jax_default_comes_first(
     lines = text.splitlines()
     first = next(i for i, l in enumerate(lines) if "jaxlake's largest" in l)
     assert "against JAX's default" in lines[first]
-    assert "+100% (real run, real:jax-default)" in lines[first]
-    # plain bfc is said not to be JAX's default
+    assert "+300% (real:jaxlake against real:jax-default)" in lines[first]
+    # plain bfc is said not to be JAX's default; real:bfc is its allocator
     assert any(l.startswith("  bfc: XLA's BFC with preallocation off")
                and "not JAX's default" in l for l in lines)
+    assert any(l.startswith("  real:bfc: ") and "the allocator JAX's "
+               "default picks" in l for l in lines)
 
 
 def test_the_model_of_jax_default_preallocates(tmp_path: Path) -> None:

@@ -61,8 +61,8 @@ def register(commands: Any) -> None:
                         "default, real:bfc-growth, real:vmm, ...: the "
                         "program on XLA's own allocator over a fake device "
                         "of the GPU's memory, one run per value), or the "
-                        "groups models, real, all; default: every model "
-                        "and real:jax-default")
+                        "groups models, real, all; default: every model, "
+                        "real:jaxlake and real:jax-default")
     f.add_argument("--engine", default="fake-gpu", choices=_engine.ENGINES,
                    help="how traces are made (default: fake-gpu)")
     f.add_argument("--fraction", type=float, default=None, metavar="F",
@@ -129,7 +129,8 @@ def _policies(given: Optional[List[str]], engine: str) -> List[str]:
     from jaxlake._src.fit import real as _real
     if not given:
         names = _run.model_names() + (
-            [_real.jax_default().real] if engine == "fake-gpu" else [])
+            [_real.LAKE, _real.jax_default().real]
+            if engine == "fake-gpu" else [])
     else:
         names = []
         for g in given:

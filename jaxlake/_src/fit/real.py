@@ -63,6 +63,13 @@ class RealPolicy:
     flag: Optional[str] = None
     # A PJRT create option the plugin must know (found in its binary).
     option: Optional[str] = None
+    # The lake serves XLA's pool (`jaxlake run --fake-gpu` without
+    # --no-lake): the lake's own real run, against which the others'
+    # real runs are compared.
+    lake: bool = False
+    # Driver entry points the allocator calls that the fake GPU must
+    # implement (not only stub).
+    fake_needs: Tuple[str, ...] = ()
 
     def key(self, fraction: Optional[float]) -> Tuple[object, ...]:
         """What its runs depend on: policies with the same key share them.
@@ -73,12 +80,19 @@ class RealPolicy:
         if env == (("XLA_PYTHON_CLIENT_ALLOCATOR", "bfc"),) and \
                 jax_default().known:
             env = ()
-        return (env, self.flags, fraction)
+        return (env, self.flags, fraction, self.lake)
 
 
 SPATIAL_FLAG = "--xla_gpu_enable_allocator_spatial_partitioning=true"
 
+#: The lake's real run.
+LAKE = "real:jaxlake"
+
 POLICIES: Tuple[RealPolicy, ...] = (
+    RealPolicy(LAKE, (), (),
+               "the lake, run for real: `jaxlake run --fake-gpu` with the "
+               "lake serving XLA's pool (capacity: XLA's fraction, or the "
+               "lake's capacity option)", lake=True),
     RealPolicy("real:jax-default", (), (),
                "JAX's default: no allocator variable or flag set"),
     RealPolicy("real:bfc", (("XLA_PYTHON_CLIENT_ALLOCATOR", "bfc"),), (),
@@ -96,7 +110,7 @@ POLICIES: Tuple[RealPolicy, ...] = (
                allocator="cuda_async"),
     RealPolicy("real:vmm", (("XLA_PYTHON_CLIENT_ALLOCATOR", "vmm"),), (),
                "XLA's VMM allocator (XLA_PYTHON_CLIENT_ALLOCATOR=vmm)",
-               allocator="vmm"),
+               allocator="vmm", fake_needs=("cuStreamWriteValue64",)),
     RealPolicy("real:platform",
                (("XLA_PYTHON_CLIENT_ALLOCATOR", "platform"),), (),
                "no pool: each buffer from the driver "
@@ -168,10 +182,37 @@ def plugin_has(text: str) -> Optional[bool]:
         return data.find(b"\x00" + text.encode()) >= 0
 
 
+def fake_stubs(names: Sequence[str]) -> List[str]:
+    """Those of `names` that the fake GPU only stubs (weak symbols of its
+    library, which answer "not supported"), read with `nm -D`; none when
+    nm or the library is missing."""
+    import shutil
+    import subprocess
+    from jaxlake._src.xla import fakegpu
+    nm, lib = shutil.which("nm"), fakegpu.library_path()
+    if not names or nm is None or not os.path.isfile(lib):
+        return []
+    try:
+        out = subprocess.run([nm, "-D", lib], capture_output=True, text=True,
+                             timeout=60, check=False).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    kinds = {}
+    for line in out.splitlines():
+        parts = line.split()
+        if len(parts) == 3:
+            kinds[parts[2]] = parts[1]
+    return [n for n in names if kinds.get(n) in ("W", "w")]
+
+
 def unavailable(policy: RealPolicy,
                 allocators: Optional[Sequence[str]] = None,
                 flags: Optional[FrozenSet[str]] = None) -> Optional[str]:
     """Why the installed JAX cannot run `policy`, or None."""
+    stubbed = fake_stubs(policy.fake_needs)
+    if stubbed:
+        return ("XLA's allocator calls " + ", ".join(stubbed) + ", which "
+                "the fake GPU does not implement")
     if policy.option is not None and plugin_has(policy.option) is False:
         return f"the installed CUDA plugin has no create option " \
             f"{policy.option}"
@@ -265,11 +306,13 @@ def run_environment(environ: Mapping[str, str], policy: RealPolicy,
     return env
 
 
-def command(argv: Sequence[str], gpu: _engine.Gpu) -> List[str]:
+def command(argv: Sequence[str], gpu: _engine.Gpu,
+            lake: bool = False) -> List[str]:
     """`jaxlake run` on a fake device of exactly the GPU's memory, with
-    XLA's own allocator."""
+    XLA's own allocator (with the lake when `lake`)."""
     return [*_engine.jaxlake_command(), "run", f"--fake-gpu={gpu.fake_model}",
-            f"--fake-gpu-memory={gpu.memory}", "--no-lake", "--", *argv]
+            f"--fake-gpu-memory={gpu.memory}",
+            *([] if lake else ["--no-lake"]), "--", *argv]
 
 
 _OOM_LINE = re.compile(r"RESOURCE_EXHAUSTED|CUDA_ERROR_OUT_OF_MEMORY|"
@@ -305,7 +348,7 @@ def run_once(argv: Sequence[str], gpu: _engine.Gpu, policy: RealPolicy,
     """Runs the program once under `policy`. FitError when it fails for
     another reason than memory (FakeGpuUnavailable when the fake cannot
     start)."""
-    cmd = command(argv, gpu)
+    cmd = command(argv, gpu, policy.lake)
     env = run_environment(os.environ, policy, fraction)
     with _engine.Progress(progress, label) as p:
         code = _engine.run_command(cmd, log, env)

@@ -307,19 +307,28 @@ class FitReport:
     def kind(name: str) -> str:
         return "real run" if _real.is_real(name) else "model"
 
+    def lake_for(self, name: str) -> Optional[PolicyFit]:
+        """The lake's fit of the same kind as `name`: its real run
+        (real:jaxlake) for a real run, its model (jaxlake) for a model. A
+        real run and a replay of a trace recorded on a larger device are
+        not compared: XLA adapts what it allocates to the device's size."""
+        return self.policy(_real.LAKE if _real.is_real(name) else "jaxlake")
+
     def gains(self) -> Dict[str, Optional[float]]:
-        """jaxlake's gain over each other policy, in percent: JAX's default
-        first (its real run, then its model), then the rest in order."""
-        lake = self.policy("jaxlake")
-        if lake is None:
-            return {}
+        """The lake's gain over each other policy of the same kind (real
+        runs against real:jaxlake, models against jaxlake), in percent:
+        JAX's default first (its real run, then its model), then the rest
+        in order."""
         order = [self.jax_default.real, self.jax_default.model] + [
             f.policy for f in self.fits]
         out: Dict[str, Optional[float]] = {}
         for name in order:
             f = self.policy(name)
-            if f is not None and name != "jaxlake" and name not in out:
-                out[name] = gain(lake.largest, f.largest)
+            lake = self.lake_for(name)
+            if f is None or lake is None or name in out or \
+                    name in ("jaxlake", _real.LAKE):
+                continue
+            out[name] = gain(lake.largest, f.largest)
         return out
 
     def to_json(self) -> Dict[str, Any]:
@@ -387,7 +396,12 @@ def describe(name: str, default: Optional[_real.JaxDefault] = None) -> str:
     if name in (jd.real, jd.model):
         return (f"{text}; JAX's default (jax {jd.jax}: {jd.text}), "
                 + ("run for real" if _real.is_real(name) else "modelled"))
-    if name in ("bfc", "bfc-growth", "xla-vmm") or _real.is_real(name):
+    if _real.is_real(name) and _real.BY_NAME[name].key(None) == \
+            _real.BY_NAME[jd.real].key(None):
+        return (f"{text}; the allocator JAX's default picks, named (it "
+                f"shares {jd.real}'s runs)")
+    if name in ("bfc", "bfc-growth", "xla-vmm") or (
+            _real.is_real(name) and name != _real.LAKE):
         return text + "; not JAX's default"
     return text
 
@@ -533,16 +547,23 @@ def gain_lines(report: FitReport) -> List[str]:
     default = [n for n in (jd.real, jd.model) if n in gains]
     head = (f"jaxlake's largest {v} against JAX's default (jax {jd.jax}: "
             f"{jd.text}): ")
+
+    def versus(n: str) -> str:
+        lake = report.lake_for(n)
+        assert lake is not None
+        return f"{text(n)} ({lake.policy} against {n})"
+
     if default:
-        lines.append(head + ", ".join(
-            f"{text(n)} ({report.kind(n)}, {n})" for n in default))
+        lines.append(head + ", ".join(versus(n) for n in default))
     else:
-        lines.append(head + f"not fitted (add --policies {jd.real} for a "
-                     f"real run, or {jd.model} for its model)")
+        lines.append(head + f"not fitted (add --policies {_real.LAKE},"
+                     f"{jd.real} for real runs of both, or jaxlake,"
+                     f"{jd.model} for their models)")
     rest = [n for n in gains if n not in default]
     if rest:
-        lines.append("against the others: " + ", ".join(
-            f"{n} {text(n)}" for n in rest))
+        lines.append("against the others (real runs against real:jaxlake, "
+                     "models against jaxlake): " + ", ".join(
+                         f"{n} {text(n)}" for n in rest))
     return lines
 
 
