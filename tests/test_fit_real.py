@@ -241,7 +241,7 @@ def test_real_runs_on_the_fake_gpu(tmp_path: Path) -> None:
     done = subprocess.run(
         [*engine.jaxlake_command(), "fit", "--gpu", "256MiB", "--vary",
          "n=64..256", "--json", str(out), "--policies",
-         "jaxlake,real:jax-default,real:bfc-growth", "--",
+         "jaxlake,real:jaxlake,real:jax-default,real:bfc-growth", "--",
          sys.executable, str(script), "{n}"], capture_output=True,
         text=True, env=env, timeout=300, cwd=tempfile.gettempdir())
     assert done.returncode == 0, done.stderr[-3000:]
@@ -258,8 +258,27 @@ def test_real_runs_on_the_fake_gpu(tmp_path: Path) -> None:
     assert data["policies"]["real:jax-default"]["largest"] == 64
     assert data["policies"]["real:jax-default"]["jax_default"]
     # one run per value and policy: 64 and 128 (and 256 where 128 fit)
+    reals = ("real:jaxlake", "real:jax-default", "real:bfc-growth")
     assert data["real_runs"] == sum(
-        len(data["policies"][n]["probes"])
-        for n in ("real:jax-default", "real:bfc-growth"))
+        len(data["policies"][n]["probes"]) for n in reals)
     assert "real:jax-default at 128: out of memory" in done.stderr
-    assert "against JAX's default" in done.stdout
+    # the lake's real run against JAX's default's, like with like
+    lake = data["policies"]["real:jaxlake"]["largest"]
+    assert lake is not None
+    assert data["gain_percent"]["real:jax-default"] == pytest.approx(
+        100.0 * (lake - 64) / 64)
+    assert "(real:jaxlake against real:jax-default)" in done.stdout
+    assert "jaxlake" not in data["gain_percent"]
+
+
+def test_a_default_without_its_lake_counterpart_is_not_compared(
+        tmp_path: Path) -> None:
+    """JAX's default run for real with only the lake's model: the report
+    says they are not compared (a replay is no run at the GPU's size)."""
+    vary = Vary("n", 1, 8)
+    report = run.fit(["prog", "{n}"], vary, search.grid(vary, "pow2", 1),
+                     engine.Gpu.parse("64MiB"), ["jaxlake", "real:jax-default"],
+                     make_trace=_traces(tmp_path), real_run=_runs(4, []))
+    assert report.gains() == {}
+    text = run.format_report(report)
+    assert "against JAX's default" in text and "not compared" in text

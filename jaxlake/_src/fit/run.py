@@ -534,7 +534,9 @@ def label(report: FitReport, name: str) -> str:
 def gain_lines(report: FitReport) -> List[str]:
     """jaxlake's gain against JAX's default first, then the others."""
     gains = report.gains()
-    if not gains:
+    fitted = {f.policy for f in report.fits}
+    if not gains and not fitted & {report.jax_default.real,
+                                   report.jax_default.model}:
         return []
     v = report.vary.name
     jd = report.jax_default
@@ -556,9 +558,10 @@ def gain_lines(report: FitReport) -> List[str]:
     if default:
         lines.append(head + ", ".join(versus(n) for n in default))
     else:
-        lines.append(head + f"not fitted (add --policies {_real.LAKE},"
+        lines.append(head + f"not compared (add --policies {_real.LAKE},"
                      f"{jd.real} for real runs of both, or jaxlake,"
-                     f"{jd.model} for their models)")
+                     f"{jd.model} for their models: a real run is compared "
+                     "with a real run, a model with a model)")
     rest = [n for n in gains if n not in default]
     if rest:
         lines.append("against the others (real runs against real:jaxlake, "
