@@ -984,3 +984,47 @@ def test_lake_cuda_backend_over_fake_driver(fake_driver: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "STATE stitch cuda" in result.stdout
     assert "RAISED backend 'cuda', device 99" in result.stdout
+
+
+# -- the memory limit XLA compiles for -------------------------------------------
+
+
+def test_xla_compiles_for_the_lakes_capacity() -> None:
+    """Under JAX's default XLA rematerialises to 0.95 of its 0.75 pool;
+    under the lake (cuda_async, no preallocation) its limit is about 0.8
+    of the device times the slop factor, so the lake sets the factor that
+    gives the same limit for its capacity (docs/benchmarks.md, "Real
+    runs"), and leaves a factor the program set, or a capacity in bytes,
+    alone."""
+    assert xla.slop_factor(0.75) == 89
+    assert xla.slop_factor(0.5) == 59
+    assert xla.with_memory_limit("", {}, {}) == \
+        "--xla_gpu_memory_limit_slop_factor=89"
+    assert xla.with_memory_limit(
+        "--xla_gpu_autotune_level=0", {},
+        {"XLA_CLIENT_MEM_FRACTION": "0.5"}) == \
+        "--xla_gpu_autotune_level=0 --xla_gpu_memory_limit_slop_factor=59"
+    assert xla.with_memory_limit("--xla_gpu_memory_limit_slop_factor=70",
+                                 {}, {}) == \
+        "--xla_gpu_memory_limit_slop_factor=70"
+    assert xla.with_memory_limit("", {"capacity": 1 << 30}, {}) == ""
+    assert xla.with_memory_limit("", {"capacity": 0.6}, {}) == \
+        "--xla_gpu_memory_limit_slop_factor=71"
+
+
+@NEEDS_SHIM
+def test_jaxlake_run_and_configure_set_the_memory_limit(
+        fake_driver: str) -> None:
+    env = {"JAXLAKE_REAL_LIBCUDA": fake_driver, "PATH": os.environ["PATH"],
+           "XLA_CLIENT_MEM_FRACTION": "0.5"}
+    out = xla_cli.run_environment(env, None)
+    assert "--xla_gpu_memory_limit_slop_factor=59" in out["XLA_FLAGS"]
+    result = run_python("""
+        import os, jaxlake
+        assert jaxlake.configure().active
+        print("FLAGS", os.environ["XLA_FLAGS"])
+    """, {"JAXLAKE_REAL_LIBCUDA": fake_driver,
+          "XLA_FLAGS": "--xla_gpu_autotune_level=0"})
+    assert result.returncode == 0, result.stderr
+    assert "FLAGS --xla_gpu_autotune_level=0 " \
+        "--xla_gpu_memory_limit_slop_factor=89" in result.stdout

@@ -116,6 +116,8 @@ def run_environment(environ: Dict[str, str], trace: Optional[str],
     env[xla.ALLOCATOR_ENV] = "cuda_async"
     env[xla.PREALLOCATE_ENV] = "false"
     env[xla.ENABLE_ENV] = "1"
+    env["XLA_FLAGS"] = xla.with_memory_limit(env.get("XLA_FLAGS", ""),
+                                             resolved, env)
     return env
 
 

@@ -88,6 +88,19 @@ XLA_DEPRECATED_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
 XLA_FRACTION_ENVS = (XLA_FRACTION_ENV, XLA_DEPRECATED_FRACTION_ENV)
 XLA_DEFAULT_FRACTION = 0.75
 
+#: XLA's compiler rematerialises a program to fit a memory limit it takes
+#: from its allocator. Under JAX's default that is the slop factor (XLA's
+#: default 95%) of the preallocated pool, 0.75 of the device; under
+#: cuda_async without preallocation, the lake's setting, it was about 0.8
+#: of the device times the slop factor (measured on the fake GPU with jax
+#: 0.10.2: 194.6 MiB on a 256 MiB device, 733.2 MiB on 1 GiB with a factor
+#: of 89; docs/benchmarks.md, "Real runs"). So the lake sets the factor
+#: that makes XLA compile for its capacity as JAX's default compiles for
+#: its pool, unless the program's XLA_FLAGS set one.
+SLOP_FLAG = "xla_gpu_memory_limit_slop_factor"
+XLA_DEFAULT_SLOP = 95
+NO_POOL_LIMIT_SHARE = 0.8
+
 ALLOCATOR_ENV = "XLA_PYTHON_CLIENT_ALLOCATOR"
 PREALLOCATE_ENV = "XLA_PYTHON_CLIENT_PREALLOCATE"
 FLAG_PREFIX = "--jaxlake_"
@@ -221,6 +234,28 @@ def capacity_rule(resolved: Mapping[str, Any],
     if given is not None:
         return None, given[0], given[1]
     return None, XLA_DEFAULT_FRACTION, "XLA's default memory fraction"
+
+
+def slop_factor(fraction: float) -> int:
+    """The --xla_gpu_memory_limit_slop_factor under which XLA, over the
+    lake, compiles for a capacity of `fraction` of the device as it
+    compiles for JAX's default pool of that fraction."""
+    return max(1, round(XLA_DEFAULT_SLOP * fraction / NO_POOL_LIMIT_SHARE))
+
+
+def with_memory_limit(flags: str, resolved: Mapping[str, Any],
+                      environ: Optional[Mapping[str, str]] = None) -> str:
+    """`flags` (XLA_FLAGS) with the slop factor of slop_factor() for the
+    lake's capacity added, unless they set one already or the capacity is
+    a number of bytes (its share of the device is not known before CUDA
+    starts)."""
+    if f"--{SLOP_FLAG}" in flags:
+        return flags
+    nbytes, fraction, _ = capacity_rule(resolved, environ)
+    if nbytes is not None:
+        return flags
+    entry = f"--{SLOP_FLAG}={slop_factor(fraction)}"
+    return f"{flags} {entry}" if flags.strip() else entry
 
 
 def effective_capacity(resolved: Mapping[str, Any], total_memory: int,
@@ -417,7 +452,7 @@ def _configure(resolved: Dict[str, Any], trace: Optional[str]) -> Status:
             shim.disable(f"cannot write the trace to {trace}")
             _restore_environ(saved)
             raise OSError(-rc, f"cannot write the trace to {trace}")
-    _set_allocator_env()
+    _set_allocator_env(resolved)
     return Status(True, "", driver=driver, shim=shim.path,
                   driver_version=version, options=resolved)
 
@@ -448,7 +483,7 @@ def _configure_loaded(shim: _Shim, resolved: Dict[str, Any],
         rc = shim.trace_start(os.path.abspath(trace), None)
         if rc != 0:
             raise OSError(-rc, f"cannot write the trace to {trace}")
-    _set_allocator_env()
+    _set_allocator_env(resolved)
     return Status(True, "", driver=driver, shim=shim.path,
                   driver_version=version, options=resolved)
 
@@ -478,8 +513,9 @@ def shim_environment(resolved: Mapping[str, Any], driver: str,
     return env
 
 
-def _set_allocator_env() -> None:
-    """XLA's cuda_async allocator is the one the shim serves."""
+def _set_allocator_env(resolved: Mapping[str, Any]) -> None:
+    """XLA's cuda_async allocator is the one the shim serves; XLA compiles
+    for the lake's capacity (with_memory_limit())."""
     allocator = os.environ.get(ALLOCATOR_ENV)
     if allocator not in (None, "", "cuda_async"):
         warnings.warn(
@@ -496,6 +532,8 @@ def _set_allocator_env() -> None:
             "block at start (JAXLAKE_PREALLOCATE=1 makes the lake take its "
             "capacity at its first allocation instead)", stacklevel=4)
     os.environ[PREALLOCATE_ENV] = "false"
+    os.environ["XLA_FLAGS"] = with_memory_limit(
+        os.environ.get("XLA_FLAGS", ""), resolved)
     _warn_versions_and_routing()
 
 
