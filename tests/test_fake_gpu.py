@@ -462,3 +462,56 @@ print("RESULT " + json.dumps({"n": n, "same": bool(np.array_equal(
     out = result(proc)
     assert out["n"] == 2 and out["text"] >= 1
     assert out["same"], proc.stdout[-2000:]
+
+
+# -- --no-lake: the fake GPU under XLA's own allocator ---------------------------
+
+NO_LAKE = """
+import json, os, jax, jax.numpy as jnp
+x = jnp.ones((1 << 20,), jnp.float32); x.block_until_ready()
+print("RESULT " + json.dumps({
+    "stats": jax.devices()[0].memory_stats(),
+    "allocator": os.environ.get("XLA_PYTHON_CLIENT_ALLOCATOR"),
+    "flags": os.environ.get("XLA_FLAGS", "")}), flush=True)
+"""
+
+
+@pytest.mark.parametrize("env, pool", [
+    # JAX's default (jax 0.10 to 0.12): BFC preallocated at 0.75, which
+    # the user's JAXLAKE=1 and --jaxlake entries do not change here
+    ({"JAXLAKE": "1", "XLA_FLAGS": "--xla_gpu_autotune_level=0 "
+      "--jaxlake_capacity=64MiB"}, 0.75),
+    # the user's own settings are kept: preallocation off, the fraction
+    ({"XLA_PYTHON_CLIENT_PREALLOCATE": "false",
+      "XLA_CLIENT_MEM_FRACTION": "0.5"}, None),
+])
+def test_no_lake_keeps_xlas_own_allocator(env: Dict[str, str],
+                                          pool: Optional[float]) -> None:
+    """`jaxlake run --fake-gpu --no-lake`: memory_stats() reports what
+    JAX's default (or the user's setting) reports on a GPU, not the lake's
+    forced cuda_async (bytes_limit 0)."""
+    device = 1 << 30
+    proc = fake_run(NO_LAKE, args=["--no-lake", "--fake-gpu-memory=1GiB"],
+                    env=env)
+    out = result(proc)
+    stats = out["stats"]
+    assert out["allocator"] is None   # nothing forced
+    assert "--jaxlake" not in out["flags"]
+    if pool is not None:
+        assert stats["bytes_limit"] == int(device * pool)
+        assert stats["pool_bytes"] == stats["bytes_limit"]
+    else:
+        assert stats["bytes_limit"] == device // 2
+        assert stats["pool_bytes"] < stats["bytes_limit"]  # grows on demand
+    assert "no lake: XLA's own allocator" in proc.stderr
+
+
+def test_no_lake_needs_the_fake_gpu_and_no_trace() -> None:
+    for args, message in ((["--no-lake"], "--no-lake needs --fake-gpu"),
+                          (["--fake-gpu", "--no-lake", "--trace", "t.jsonl"],
+                           "--trace needs the lake")):
+        proc = subprocess.run([JAXLAKE, "run", *args, "--", sys.executable,
+                               "-c", "print('ran')"], capture_output=True,
+                              text=True, timeout=60)
+        assert proc.returncode == 2, proc.stderr
+        assert message in proc.stderr and "ran" not in proc.stdout

@@ -138,7 +138,7 @@ def test_json_schema(tmp_path: Path) -> None:
                      engine.Gpu.parse("64MiB"), ["jaxlake", "bfc"],
                      make_trace=_fragmenting(tmp_path, []))
     data = json.loads(json.dumps(report.to_json()))
-    assert data["format"] == "jaxlake-fit" and data["version"] == 1
+    assert data["format"] == "jaxlake-fit" and data["version"] == 2
     assert data["gpu"] == {"name": "64 MiB", "memory": 64 * MIB}
     assert data["vary"]["name"] == "n"
     assert set(data["policies"]) == {"jaxlake", "bfc"}

@@ -500,12 +500,16 @@ CHUNK = 2 << 20
     ("capacity='64MiB'", "0.5", 64 << 20),
     ("capacity=0.3", "0.9", int(FAKE_DEVICE_BYTES * 0.3) // CHUNK * CHUNK),
 ])
+@pytest.mark.parametrize("variable", ["XLA_CLIENT_MEM_FRACTION",
+                                      "XLA_PYTHON_CLIENT_MEM_FRACTION"])
 def test_default_capacity_is_xla_memory_fraction(
         fake_driver: str, kwargs: str, xla_fraction: Optional[str],
-        expected: int) -> None:
+        expected: int, variable: str) -> None:
+    """jaxlib reads XLA_CLIENT_MEM_FRACTION, else its deprecated spelling
+    XLA_PYTHON_CLIENT_MEM_FRACTION: the lake (Python and shim) too."""
     env = {"JAXLAKE_REAL_LIBCUDA": fake_driver}
     if xla_fraction is not None:
-        env["XLA_PYTHON_CLIENT_MEM_FRACTION"] = xla_fraction
+        env[variable] = xla_fraction
     result = run_python(textwrap.dedent(f"""
         import jaxlake
         from jaxlake._src.xla import integration as xla
@@ -517,6 +521,47 @@ def test_default_capacity_is_xla_memory_fraction(
     assert f"CAP {expected}" in result.stdout, result.stdout
     # The doctor's figure (Python) is the shim's.
     assert f"PY {expected}" in result.stdout, result.stdout
+
+
+def test_both_xla_memory_fractions_are_refused() -> None:
+    """jaxlib raises ValueError when both spellings are set; the lake's
+    capacity rule, `jaxlake fit` and `jaxlake run` refuse them too, naming
+    both; one alone is read, the new spelling's name reported."""
+    both = {"XLA_CLIENT_MEM_FRACTION": "0.9",
+            "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}
+    with pytest.raises(jaxlake.ConfigurationError,
+                       match="XLA_CLIENT_MEM_FRACTION='0.9' and "
+                             "XLA_PYTHON_CLIENT_MEM_FRACTION='0.5' are "
+                             "both set"):
+        xla.capacity_rule({}, both)
+    assert xla.capacity_rule({}, {"XLA_CLIENT_MEM_FRACTION": "0.9"}) == (
+        None, 0.9, "XLA_CLIENT_MEM_FRACTION")
+    assert xla.effective_capacity({}, 1 << 30, environ={
+        "XLA_CLIENT_MEM_FRACTION": "0.5"}) == 512 << 20
+    with pytest.raises(jaxlake.ConfigurationError,
+                       match="XLA_CLIENT_MEM_FRACTION='1.5' is not a decimal"):
+        xla.capacity_rule({}, {"XLA_CLIENT_MEM_FRACTION": "1.5"})
+    # An explicit lake capacity needs no fraction at all.
+    assert xla.capacity_rule({"capacity": 1 << 20}, both)[0] == 1 << 20
+
+
+@NEEDS_SHIM
+def test_shim_refuses_both_xla_memory_fractions(fake_driver: str) -> None:
+    """The shim, loaded by `jaxlake run` or LD_PRELOAD without Python's
+    check, is inactive when both spellings are set, and says why."""
+    env = {"JAXLAKE_REAL_LIBCUDA": fake_driver,
+           "XLA_CLIENT_MEM_FRACTION": "0.9",
+           "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}
+    result = run_python("""
+        from jaxlake._src.xla import driver
+        shim = driver._Shim(driver.shim_path())
+        print("ACTIVE", shim.active)
+        print("REASON", shim.reason())
+    """, env)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "ACTIVE False" in result.stdout, result.stdout
+    assert "XLA_CLIENT_MEM_FRACTION and XLA_PYTHON_CLIENT_MEM_FRACTION are " \
+        "both set" in result.stdout, result.stdout
 
 
 @NEEDS_SHIM
@@ -939,3 +984,47 @@ def test_lake_cuda_backend_over_fake_driver(fake_driver: str) -> None:
     assert result.returncode == 0, result.stdout + result.stderr
     assert "STATE stitch cuda" in result.stdout
     assert "RAISED backend 'cuda', device 99" in result.stdout
+
+
+# -- the memory limit XLA compiles for -------------------------------------------
+
+
+def test_xla_compiles_for_the_lakes_capacity() -> None:
+    """Under JAX's default XLA rematerialises to 0.95 of its 0.75 pool;
+    under the lake (cuda_async, no preallocation) its limit is about 0.8
+    of the device times the slop factor, so the lake sets the factor that
+    gives the same limit for its capacity (docs/benchmarks.md, "Real
+    runs"), and leaves a factor the program set, or a capacity in bytes,
+    alone."""
+    assert xla.slop_factor(0.75) == 89
+    assert xla.slop_factor(0.5) == 59
+    assert xla.with_memory_limit("", {}, {}) == \
+        "--xla_gpu_memory_limit_slop_factor=89"
+    assert xla.with_memory_limit(
+        "--xla_gpu_autotune_level=0", {},
+        {"XLA_CLIENT_MEM_FRACTION": "0.5"}) == \
+        "--xla_gpu_autotune_level=0 --xla_gpu_memory_limit_slop_factor=59"
+    assert xla.with_memory_limit("--xla_gpu_memory_limit_slop_factor=70",
+                                 {}, {}) == \
+        "--xla_gpu_memory_limit_slop_factor=70"
+    assert xla.with_memory_limit("", {"capacity": 1 << 30}, {}) == ""
+    assert xla.with_memory_limit("", {"capacity": 0.6}, {}) == \
+        "--xla_gpu_memory_limit_slop_factor=71"
+
+
+@NEEDS_SHIM
+def test_jaxlake_run_and_configure_set_the_memory_limit(
+        fake_driver: str) -> None:
+    env = {"JAXLAKE_REAL_LIBCUDA": fake_driver, "PATH": os.environ["PATH"],
+           "XLA_CLIENT_MEM_FRACTION": "0.5"}
+    out = xla_cli.run_environment(env, None)
+    assert "--xla_gpu_memory_limit_slop_factor=59" in out["XLA_FLAGS"]
+    result = run_python("""
+        import os, jaxlake
+        assert jaxlake.configure().active
+        print("FLAGS", os.environ["XLA_FLAGS"])
+    """, {"JAXLAKE_REAL_LIBCUDA": fake_driver,
+          "XLA_FLAGS": "--xla_gpu_autotune_level=0"})
+    assert result.returncode == 0, result.stderr
+    assert "FLAGS --xla_gpu_autotune_level=0 " \
+        "--xla_gpu_memory_limit_slop_factor=89" in result.stdout

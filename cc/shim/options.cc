@@ -106,13 +106,22 @@ std::string ReadOptions(ShimOptions* out) {
                        "a decimal fraction in (0, 1]");
     o.capacity_fraction = f;
   }
-  if (const char* v = Env("XLA_PYTHON_CLIENT_MEM_FRACTION")) {
+  // XLA's fraction: XLA_CLIENT_MEM_FRACTION, else its deprecated spelling;
+  // jaxlib refuses the two together, and so does the shim.
+  const char* xla_new = Env("XLA_CLIENT_MEM_FRACTION");
+  const char* xla_old = Env("XLA_PYTHON_CLIENT_MEM_FRACTION");
+  if (xla_new != nullptr && xla_old != nullptr)
+    return std::string("XLA_CLIENT_MEM_FRACTION and "
+                       "XLA_PYTHON_CLIENT_MEM_FRACTION are both set: set "
+                       "only XLA_CLIENT_MEM_FRACTION (jaxlib refuses both)");
+  if (const char* v = xla_new != nullptr ? xla_new : xla_old) {
+    const char* name = xla_new != nullptr ? "XLA_CLIENT_MEM_FRACTION"
+                                          : "XLA_PYTHON_CLIENT_MEM_FRACTION";
     char* end = nullptr;
     errno = 0;
     const double f = std::strtod(v, &end);
     if (errno != 0 || end == v || *end != '\0' || !(f > 0.0 && f <= 1.0))
-      return Malformed("XLA_PYTHON_CLIENT_MEM_FRACTION", v,
-                       "a decimal fraction in (0, 1]");
+      return Malformed(name, v, "a decimal fraction in (0, 1]");
     o.xla_fraction = f;
   }
   if (const char* v = Env("JAXLAKE_TRACE_FLUSH")) {

@@ -28,11 +28,14 @@
 //                          --quiet): print what the lakes did, per device,
 //                          on stderr when the process exits (report.h)
 // And XLA's own:
-//   XLA_PYTHON_CLIENT_MEM_FRACTION  a decimal in (0, 1], default 0.75: the
+//   XLA_CLIENT_MEM_FRACTION  a decimal in (0, 1], default 0.75: the
 //                          capacity when neither JAXLAKE_CAPACITY (non-zero)
 //                          nor JAXLAKE_CAPACITY_FRACTION is given, so the
 //                          lake leaves XLA's share of the device to cuBLAS,
 //                          cuDNN, NCCL, modules and the executor
+//   XLA_PYTHON_CLIENT_MEM_FRACTION  its deprecated spelling, read when the
+//                          other is unset; both set is malformed (jaxlib
+//                          raises ValueError then)
 //   JAXLAKE_REAL_LIBCUDA   the real driver's absolute path (loader.h)
 // They are read at the first call into the shim. Numbers are decimal digits
 // only; an unset or empty variable keeps the default. A malformed value
@@ -47,7 +50,7 @@
 
 namespace jaxlake::shim {
 
-// XLA's default share of device memory (XLA_PYTHON_CLIENT_MEM_FRACTION).
+// XLA's default share of device memory (XLA_CLIENT_MEM_FRACTION).
 inline constexpr double kXlaDefaultFraction = 0.75;
 
 struct ShimOptions {
@@ -58,7 +61,7 @@ struct ShimOptions {
   // (then lake.capacity applies).
   double capacity_fraction = 0.0;
   // The capacity fraction used when neither of the above is set:
-  // XLA_PYTHON_CLIENT_MEM_FRACTION, or XLA's default 0.75.
+  // XLA_CLIENT_MEM_FRACTION (or its deprecated spelling), or XLA's 0.75.
   double xla_fraction = kXlaDefaultFraction;
   std::string trace_file;
   std::size_t trace_flush = 64;

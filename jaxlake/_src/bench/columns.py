@@ -148,8 +148,9 @@ COLUMN_TABLE: Tuple[Column, ...] = (
 #: What each policy is, one line each, in table order.
 POLICY_DOCS: Tuple[Tuple[str, str], ...] = (
     ("jaxlake", "this allocator: virtual memory stitching over VMM chunks"),
-    ("bfc", "XLA's BFC allocator (its GPU default): regions that double "
-            "as it grows (with --preallocate, one region of the device)"),
+    ("bfc", "XLA's BFC allocator with preallocation off: regions that "
+            "double as it grows (with --preallocate, one region of the "
+            "device: JAX's default, docs/xla_defaults.md)"),
     ("torch", "PyTorch's CUDA caching allocator"),
     ("torch-expandable", "PyTorch's caching allocator with "
                          "expandable_segments:True"),

@@ -20,8 +20,14 @@ DESCRIPTION = (
     "option when set, JAXLAKE_CAPACITY) through every policy, and reports "
     "each policy's largest value that fits and why the next one fails "
     "(shortage: the live bytes alone exceed the capacity; fragmentation: "
-    "they fit but the policy could not serve a request). The search is "
-    "exponential, then binary, and each value's trace serves every policy. "
+    "they fit but the policy could not serve a request). Real policies "
+    "(real:*) run the command itself on one of XLA's own allocators over "
+    "a fake device of the GPU's memory (`jaxlake run --fake-gpu "
+    "--no-lake`): XLA's own out-of-memory error is the verdict, one run per "
+    "value, shared by policies of the same settings. JAX's default for the "
+    "installed jax is marked in the table, and jaxlake's gain is given "
+    "against it first. The search is exponential, then binary, and each "
+    "value's trace serves every model. "
     "Engines: fake-gpu (the default) runs the unmodified command under "
     "`jaxlake run --fake-gpu`; recorder runs a command that uses "
     "jaxlake.Recorder, with the trace path at {TRACE} in the command or "
@@ -49,13 +55,20 @@ def register(commands: Any) -> None:
                         "...)")
     f.add_argument("--policies", "--policy", "-p", action="append",
                    metavar="NAME",
-                   help="policies to fit (repeat, or separate with commas; "
-                        "default: all)")
+                   help="policies to fit (repeat, or separate with commas): "
+                        "models (replays of the recorded traces: jaxlake, "
+                        "bfc, bfc-prealloc, ...), real runs (real:jax-"
+                        "default, real:bfc-growth, real:vmm, ...: the "
+                        "program on XLA's own allocator over a fake device "
+                        "of the GPU's memory, one run per value), or the "
+                        "groups models, real, all; default: every model, "
+                        "real:jaxlake and real:jax-default")
     f.add_argument("--engine", default="fake-gpu", choices=_engine.ENGINES,
                    help="how traces are made (default: fake-gpu)")
     f.add_argument("--fraction", type=float, default=None, metavar="F",
                    help="share of the device memory XLA's pool may take "
-                        "(default: XLA_PYTHON_CLIENT_MEM_FRACTION, else "
+                        "(default: XLA_CLIENT_MEM_FRACTION, or the "
+                        "deprecated XLA_PYTHON_CLIENT_MEM_FRACTION, else "
                         "0.75)")
     f.add_argument("--reserve", default="0", metavar="SIZE",
                    help="device memory to keep outside the pool besides "
@@ -86,17 +99,13 @@ def _fraction(args: argparse.Namespace) -> Optional[float]:
             raise FitError(f"--fraction {args.fraction:g}: expected a "
                            "fraction in (0, 1]")
         return float(args.fraction)
-    given = os.environ.get("XLA_PYTHON_CLIENT_MEM_FRACTION", "").strip()
-    if given:
-        try:
-            value = float(given)
-        except ValueError:
-            value = -1.0
-        if not 0.0 < value <= 1.0:
-            raise FitError(f"XLA_PYTHON_CLIENT_MEM_FRACTION={given!r} is "
-                           "not a fraction in (0, 1]")
-        return value
-    return None
+    from jaxlake._src.errors import ConfigurationError
+    from jaxlake._src.xla.integration import xla_fraction
+    try:
+        given = xla_fraction(os.environ)
+    except ConfigurationError as e:
+        raise FitError(str(e)) from None
+    return given[0] if given is not None else None
 
 
 def _lake_capacity() -> Any:
@@ -110,14 +119,31 @@ def _lake_capacity() -> Any:
     return resolved.get("capacity")
 
 
-def _policies(given: Optional[List[str]]) -> List[str]:
-    from jaxlake._src.bench import replay as _replay
+#: --policies groups.
+GROUPS = ("models", "real", "all")
+
+
+def _policies(given: Optional[List[str]], engine: str) -> List[str]:
+    """The policies named (or a group: models, real, all); by default every
+    model and, with the fake-GPU engine, a real run of JAX's default."""
+    from jaxlake._src.fit import real as _real
     if not given:
-        return list(_replay.policy_names())
-    names = [n.strip() for g in given for n in g.split(",") if n.strip()]
+        names = _run.model_names() + (
+            [_real.LAKE, _real.jax_default().real]
+            if engine == "fake-gpu" else [])
+    else:
+        names = []
+        for g in given:
+            for n in (t.strip() for t in g.split(",")):
+                if n in ("models", "all"):
+                    names += _run.model_names()
+                if n in ("real", "all"):
+                    names += _real.available_names()
+                if n and n not in GROUPS:
+                    names.append(n)
     try:
-        return _replay.check_policies(names)
-    except _replay.PolicyError as e:
+        return _run.check_policies(names)
+    except FitError as e:
         raise FitError(f"--policies: {e}") from None
 
 
@@ -143,7 +169,7 @@ def main(args: argparse.Namespace) -> int:
             raise FitError(f"--reserve {args.reserve!r}: must not be "
                            "negative")
         fraction = _fraction(args)
-        policies = _policies(args.policies)
+        policies = _policies(args.policies, args.engine)
         lake_capacity = _lake_capacity()
         if args.plot:
             from jaxlake._src.bench.plot import PlotError, image_format

@@ -1,5 +1,6 @@
-"""`jaxlake fit`: traces per value, replays under the GPU's capacity, the
-report (table, JSON, plot)."""
+"""`jaxlake fit`: traces per value, replays under the GPU's capacity (the
+models), real runs on XLA's own allocators over a fake device of the GPU's
+memory (real.py), the report (table, JSON, plot)."""
 
 from __future__ import annotations
 
@@ -9,20 +10,75 @@ import json
 import os
 import tempfile
 import time
-from typing import Any, Callable, Dict, List, Optional, Sequence, TextIO
+from typing import (Any, Callable, Dict, List, Optional, Sequence, TextIO,
+                    Tuple)
 
 from jaxlake._src.bench import replay as _replay
 from jaxlake._src.fit import engine as _engine
-from jaxlake._src.fit.search import (FRAGMENTATION, SHORTAGE, FitError,
-                                     PolicyFit,
+from jaxlake._src.fit import real as _real
+from jaxlake._src.fit.search import (FRAGMENTATION, OUT_OF_MEMORY,
+                                     SHORTAGE, FitError, PolicyFit,
                                      Probe, Vary, classify, gain,
                                      search_policy, substitute)
 from jaxlake._src.options import format_size
 from jaxlake._src.trace import tracefile
 
 JSON_FORMAT = "jaxlake-fit"
-#: XLA's default share of device memory (XLA_PYTHON_CLIENT_MEM_FRACTION).
+#: XLA's default share of device memory (XLA_CLIENT_MEM_FRACTION).
 XLA_FRACTION = 0.75
+
+#: Model policies of the fit beyond the replay's own: (replayed policy,
+#: its PolicyOptions). bfc-prealloc is BFC as JAX runs it by default, one
+#: region of the whole capacity taken at start (bench --preallocate).
+_WHOLE_DEVICE = 1 << 60
+MODEL_VARIANTS: Dict[str, Tuple[str, Dict[str, Any]]] = {
+    "bfc-prealloc": ("bfc", {"bfc_initial_region": _WHOLE_DEVICE}),
+}
+
+#: One line per model policy, for the report's legend.
+MODEL_DOCS: Dict[str, str] = {
+    "jaxlake": "this allocator (a replay of the lake)",
+    "bfc": "XLA's BFC with preallocation off "
+           "(XLA_PYTHON_CLIENT_PREALLOCATE=false): regions that double",
+    "bfc-prealloc": "XLA's BFC preallocated: one region of the whole "
+                    "capacity",
+    "torch": "PyTorch's caching allocator",
+    "torch-expandable": "PyTorch's caching allocator, expandable segments",
+    "gmlake": "GMLake as published",
+    "xla-vmm": "XLA's VMM allocator (XLA_PYTHON_CLIENT_ALLOCATOR=vmm)",
+    "bfc-growth": "XLA's growing BFC: one virtual range, 64 MiB steps",
+}
+
+
+def model_names() -> List[str]:
+    """Every model policy: the replay's, then the fit's variants."""
+    return list(_replay.policy_names()) + list(MODEL_VARIANTS)
+
+
+def check_policies(names: Sequence[str]) -> List[str]:
+    """`names` checked (order kept, duplicates dropped): models (the
+    replay's and MODEL_VARIANTS) and real policies (real.POLICIES) the
+    installed JAX can run. FitError naming a bad one."""
+    out: List[str] = []
+    replayed = [n for n in names if n not in MODEL_VARIANTS
+                and not _real.is_real(n)]
+    try:
+        _replay.check_policies(replayed)
+    except _replay.PolicyError as e:
+        raise FitError(f"{e}; or {', '.join(MODEL_VARIANTS)}, or a real "
+                       "run: " + ", ".join(_real.BY_NAME)) from None
+    for name in names:
+        if _real.is_real(name):
+            policy = _real.BY_NAME.get(name)
+            if policy is None:
+                raise FitError(f"unknown real policy {name!r}: expected one "
+                               "of " + ", ".join(_real.BY_NAME))
+            why = _real.unavailable(policy)
+            if why is not None:
+                raise FitError(f"{name}: {why}")
+        if name not in out:
+            out.append(name)
+    return out
 
 
 def _granules(nbytes: int) -> int:
@@ -136,8 +192,9 @@ class Fitter:
         trace = self.trace(value)
         live = self.info[value].peak_live
         self.replays += 1
-        result = _replay.replay(trace, policy, cap, timeline_points=0,
-                                timing=False)
+        replayed, options = MODEL_VARIANTS.get(policy, (policy, None))
+        result = _replay.replay(trace, replayed, cap, timeline_points=0,
+                                timing=False, options=options)
         reserved = result.capped_peak_reserved \
             if result.capped_peak_reserved is not None \
             else result.peak_reserved
@@ -153,6 +210,61 @@ class Fitter:
                 p.reserved_at_failure = oom.reserved
         done[value] = p
         return p
+
+
+class RealRuns:
+    """Real runs (real.py) for the real policies: one program run per
+    configuration and value, shared by the policies of the same
+    configuration; a value whose recording ran out of the (larger) fake
+    device is out of memory without a run."""
+
+    def __init__(self, fitter: Fitter,
+                 run: Callable[[_real.RealPolicy, int, str], _real.Outcome],
+                 fraction: Optional[float], device: int,
+                 progress: Optional[TextIO]) -> None:
+        self.fitter = fitter
+        self.run = run
+        self.fraction = fraction
+        self.device = device
+        self.progress = progress
+        self.outcomes: Dict[Any, _real.Outcome] = {}
+        self.first: Dict[Any, str] = {}
+        self.runs = 0
+        self.seconds = 0.0
+
+    def probe(self, name: str, value: int) -> Probe:
+        done = self.fitter.probes.setdefault(name, {})
+        if value in done:
+            return done[value]
+        too_large = self.fitter.too_large.get(value)
+        if too_large is not None:
+            done[value] = Probe(value=value, fits=False,
+                                capacity=self.device, peak_live=0,
+                                peak_reserved=0, reason=SHORTAGE,
+                                request_size=too_large.request,
+                                beyond=too_large.device_memory, real=True)
+            return done[value]
+        policy = _real.BY_NAME[name]
+        key = (policy.key(self.fraction), value)
+        if key in self.outcomes:
+            if self.progress is not None:
+                self.progress.write(f"  {name} at {value}: the run of "
+                                    f"{self.first[key]} (the same "
+                                    "settings)\n")
+        else:
+            outcome = self.run(policy, value, f"{name} at {value}")
+            self.outcomes[key] = outcome
+            self.first[key] = name
+            self.runs += 1
+            self.seconds += outcome.seconds
+        outcome = self.outcomes[key]
+        done[value] = Probe(
+            value=value, fits=outcome.fits, capacity=self.device,
+            peak_live=0, peak_reserved=0,
+            reason=None if outcome.fits else OUT_OF_MEMORY,
+            request_size=outcome.request, real=True,
+            message=outcome.message or None)
+        return done[value]
 
 
 def _kind_at(trace: tracefile.Trace, event: int) -> Optional[str]:
@@ -176,51 +288,96 @@ class FitReport:
     traces: List[TraceInfo]
     replays: int
     seconds: float
+    # JAX's default for the installed jax: which model and which real run
+    # stand for it.
+    jax_default: _real.JaxDefault = dataclasses.field(
+        default_factory=_real.jax_default)
+    real_runs: int = 0
+    real_seconds: float = 0.0
 
     def policy(self, name: str) -> Optional[PolicyFit]:
         return next((f for f in self.fits if f.policy == name), None)
 
+    def is_default(self, name: str) -> bool:
+        """Whether `name` stands for JAX's default (the real run or the
+        model of it)."""
+        return name in (self.jax_default.real, self.jax_default.model)
+
+    @staticmethod
+    def kind(name: str) -> str:
+        return "real run" if _real.is_real(name) else "model"
+
+    def lake_for(self, name: str) -> Optional[PolicyFit]:
+        """The lake's fit of the same kind as `name`: its real run
+        (real:jaxlake) for a real run, its model (jaxlake) for a model. A
+        real run and a replay of a trace recorded on a larger device are
+        not compared: XLA adapts what it allocates to the device's size."""
+        return self.policy(_real.LAKE if _real.is_real(name) else "jaxlake")
+
     def gains(self) -> Dict[str, Optional[float]]:
-        lake = self.policy("jaxlake")
-        if lake is None:
-            return {}
-        return {f.policy: gain(lake.largest, f.largest) for f in self.fits
-                if f.policy != "jaxlake"}
+        """The lake's gain over each other policy of the same kind (real
+        runs against real:jaxlake, models against jaxlake), in percent:
+        JAX's default first (its real run, then its model), then the rest
+        in order."""
+        order = [self.jax_default.real, self.jax_default.model] + [
+            f.policy for f in self.fits]
+        out: Dict[str, Optional[float]] = {}
+        for name in order:
+            f = self.policy(name)
+            lake = self.lake_for(name)
+            if f is None or lake is None or name in out or \
+                    name in ("jaxlake", _real.LAKE):
+                continue
+            out[name] = gain(lake.largest, f.largest)
+        return out
 
     def to_json(self) -> Dict[str, Any]:
         policies: Dict[str, Any] = {}
         for f in self.fits:
             a = f.at_largest
+            real = _real.is_real(f.policy)
             nf = f.next_failure
             next_failure: Optional[Dict[str, Any]] = None
             if nf is not None:
                 next_failure = {"value": nf.value, "reason": nf.reason,
-                                "peak_live": nf.peak_live}
+                                "peak_live": None if real else nf.peak_live}
                 if nf.reason == FRAGMENTATION:
                     next_failure["request"] = {
                         "size": nf.request_size, "kind": nf.request_kind,
                         "live": nf.live_at_failure,
                         "reserved": nf.reserved_at_failure}
+                if nf.reason == OUT_OF_MEMORY:
+                    next_failure["request"] = {"size": nf.request_size}
+                    next_failure["message"] = nf.message
+            shown = a if not real else None
             policies[f.policy] = {
+                "kind": self.kind(f.policy),
+                "jax_default": self.is_default(f.policy),
+                "description": describe(f.policy, self.jax_default),
                 "largest": f.largest, "capacity": f.capacity,
-                "peak_live": a.peak_live if a else None,
-                "peak_reserved": a.peak_reserved if a else None,
-                "utilisation": a.utilisation if a else None,
-                "headroom": a.headroom if a else None,
+                "peak_live": shown.peak_live if shown else None,
+                "peak_reserved": shown.peak_reserved if shown else None,
+                "utilisation": shown.utilisation if shown else None,
+                "headroom": shown.headroom if shown else None,
                 "next_value": f.next_value, "next_failure": next_failure,
                 "probes": [self._probe(f.policy, v).to_json()
                            for v in sorted(f.probed)]}
+        jd = self.jax_default
         return {
-            "format": JSON_FORMAT, "version": 1,
+            "format": JSON_FORMAT, "version": 2,
             "gpu": {"name": self.gpu.name, "memory": self.gpu.memory},
             "vary": {"name": self.vary.name, "lo": self.vary.lo,
                      "hi": self.vary.hi, "values": self.values},
             "engine": self.engine, "command": self.command,
             "fraction": self.fraction, "outside_pool": self.outside_pool,
+            "jax_default": {"jax": jd.jax, "checked": jd.known,
+                            "allocator": jd.text, "model": jd.model,
+                            "real": jd.real},
             "policies": policies,
             "gain_percent": self.gains(),
             "traces": [dataclasses.asdict(t) for t in self.traces],
-            "replays": self.replays, "seconds": self.seconds}
+            "replays": self.replays, "real_runs": self.real_runs,
+            "seconds": self.seconds}
 
     _probes: Dict[str, Dict[int, Probe]] = dataclasses.field(
         default_factory=dict)
@@ -229,8 +386,32 @@ class FitReport:
         return self._probes[policy][value]
 
 
+def describe(name: str, default: Optional[_real.JaxDefault] = None) -> str:
+    """One line on what a policy is, saying whether it is JAX's default."""
+    jd = default or _real.jax_default()
+    if _real.is_real(name):
+        text = _real.BY_NAME[name].doc
+    else:
+        text = MODEL_DOCS.get(name, name)
+    if name in (jd.real, jd.model):
+        return (f"{text}; JAX's default (jax {jd.jax}: {jd.text}), "
+                + ("run for real" if _real.is_real(name) else "modelled"))
+    if _real.is_real(name) and _real.BY_NAME[name].key(None) == \
+            _real.BY_NAME[jd.real].key(None):
+        return (f"{text}; the allocator JAX's default picks, named (it "
+                f"shares {jd.real}'s runs)")
+    if name in ("bfc", "bfc-growth", "xla-vmm") or (
+            _real.is_real(name) and name != _real.LAKE):
+        return text + "; not JAX's default"
+    return text
+
+
 def _prober(fitter: Fitter, policy: str) -> Callable[[int], Probe]:
     return lambda value: fitter.probe(policy, value)
+
+
+def _real_prober(runs: RealRuns, policy: str) -> Callable[[int], Probe]:
+    return lambda value: runs.probe(policy, value)
 
 
 def fit(argv: Sequence[str], vary: Vary, values: Sequence[int],
@@ -238,14 +419,23 @@ def fit(argv: Sequence[str], vary: Vary, values: Sequence[int],
         fraction: Optional[float] = None, lake_capacity: Any = None,
         reserve: int = 0, traces_dir: Optional[str] = None,
         progress: Optional[TextIO] = None,
-        make_trace: Optional[Callable[[int], str]] = None) -> FitReport:
+        make_trace: Optional[Callable[[int], str]] = None,
+        real_run: Optional[Callable[[_real.RealPolicy, int, str],
+                                    _real.Outcome]] = None) -> FitReport:
     """Searches each policy's largest value. `make_trace(value)` -> path
-    replaces the engine (tests); `traces_dir` keeps the traces and reuses
-    those of the same command. `reserve`: bytes outside the pool to
-    subtract from every capacity, besides what the traces report."""
+    replaces the engine (tests), and `real_run(policy, value, label)` ->
+    Outcome the real runs; `traces_dir` keeps the traces (and the real
+    runs' logs) and reuses the traces of the same command. `reserve`:
+    bytes outside the pool to subtract from every model's capacity,
+    besides what the traces report."""
     start = time.monotonic()
     substitute(argv, vary, values[0])  # FitError when {NAME} is missing
-    names = _replay.check_policies(policies)
+    names = check_policies(policies)
+    models = [n for n in names if not _real.is_real(n)]
+    reals = [n for n in names if _real.is_real(n)]
+    if reals and engine != "fake-gpu" and real_run is None:
+        raise FitError(f"{', '.join(reals)}: real runs run the command on "
+                       "the fake GPU: use --engine fake-gpu (the default)")
     folder = traces_dir or tempfile.mkdtemp(prefix="jaxlake-fit-")
     if traces_dir:
         os.makedirs(traces_dir, exist_ok=True)
@@ -266,15 +456,33 @@ def fit(argv: Sequence[str], vary: Vary, values: Sequence[int],
         _engine.record(engine, command, path, gpu, label, progress)
         return path
 
+    def engine_run(policy: _real.RealPolicy, value: int,
+                   label: str) -> _real.Outcome:
+        command = substitute(argv, vary, value)
+        key = hashlib.sha1(json.dumps([policy.name, gpu.memory, command])
+                           .encode()).hexdigest()[:12]
+        log = os.path.join(folder, f"{policy.name[len(_real.PREFIX):]}-"
+                           f"{vary.name}-{value}-{key}.log")
+        return _real.run_once(command, gpu, policy, fraction, log, label,
+                              progress)
+
     # Each value's replays have the capacity less the memory outside XLA's
     # pool that its own trace reports; the report's capacities are the
-    # first value's.
+    # first value's. Real runs have the fake device of the GPU's memory,
+    # of which XLA takes its own share.
     fitter = Fitter(make_trace or engine_trace,
-                    budgets(gpu.memory, names, fraction, lake_capacity),
+                    budgets(gpu.memory, models, fraction, lake_capacity),
                     reserve)
-    cap = {name: fitter.capacity(name, values[0]) for name in names}
-    fits = [search_policy(values, _prober(fitter, name), name, cap[name])
-            for name in names]
+    runs = RealRuns(fitter, real_run or engine_run, fraction, gpu.memory,
+                    progress)
+    cap = {name: fitter.capacity(name, values[0]) for name in models}
+    cap.update({name: gpu.memory for name in reals})
+    found = {name: search_policy(values, _prober(fitter, name), name,
+                                 cap[name]) for name in models}
+    for name in reals:
+        found[name] = search_policy(values, _real_prober(runs, name), name,
+                                    cap[name])
+    fits = [found[name] for name in names]
     infos = [fitter.info[v] for v in sorted(fitter.info)]
     outs = [i.outside_pool for i in infos if i.outside_pool is not None]
     report = FitReport(
@@ -283,7 +491,8 @@ def fit(argv: Sequence[str], vary: Vary, values: Sequence[int],
         fraction=XLA_FRACTION if fraction is None else fraction,
         capacity=cap, outside_pool=(max(outs) if outs else None),
         fits=fits, traces=infos, replays=fitter.replays,
-        seconds=time.monotonic() - start)
+        seconds=time.monotonic() - start, real_runs=runs.runs,
+        real_seconds=runs.seconds)
     report._probes = fitter.probes
     return report
 
@@ -317,45 +526,100 @@ def size_range(lo: int, hi: int) -> str:
     return f"{format_size(lo)} to {format_size(hi)}"
 
 
+def label(report: FitReport, name: str) -> str:
+    """A policy's name as the table shows it: JAX's default says so."""
+    return f"{name} (JAX's default)" if report.is_default(name) else name
+
+
+def gain_lines(report: FitReport) -> List[str]:
+    """jaxlake's gain against JAX's default first, then the others."""
+    gains = report.gains()
+    fitted = {f.policy for f in report.fits}
+    if not gains and not fitted & {report.jax_default.real,
+                                   report.jax_default.model}:
+        return []
+    v = report.vary.name
+    jd = report.jax_default
+
+    def text(name: str) -> str:
+        g = gains[name]
+        return "n/a (fits nothing)" if g is None else f"{g:+.0f}%"
+
+    lines: List[str] = []
+    default = [n for n in (jd.real, jd.model) if n in gains]
+    head = (f"jaxlake's largest {v} against JAX's default (jax {jd.jax}: "
+            f"{jd.text}): ")
+
+    def versus(n: str) -> str:
+        lake = report.lake_for(n)
+        assert lake is not None
+        return f"{text(n)} ({lake.policy} against {n})"
+
+    if default:
+        lines.append(head + ", ".join(versus(n) for n in default))
+    else:
+        lines.append(head + f"not compared (add --policies {_real.LAKE},"
+                     f"{jd.real} for real runs of both, or jaxlake,"
+                     f"{jd.model} for their models: a real run is compared "
+                     "with a real run, a model with a model)")
+    rest = [n for n in gains if n not in default]
+    if rest:
+        lines.append("against the others (real runs against real:jaxlake, "
+                     "models against jaxlake): " + ", ".join(
+                         f"{n} {text(n)}" for n in rest))
+    return lines
+
+
 def format_report(report: FitReport) -> str:
     from jaxlake._src.table import format_table
     size = format_size
     v = report.vary.name
+    models = {n: c for n, c in report.capacity.items()
+              if not _real.is_real(n)}
+    reals = [n for n in report.capacity if _real.is_real(n)]
     lines = [
         f"jaxlake fit: largest {v} on {report.gpu.name} "
         f"({size(report.gpu.memory)}; capacity {report.fraction:g} of it"
         + (", less the memory XLA takes outside its pool"
            if report.outside_pool is not None else "")
-        + "), engine " + report.engine,
-        outside_line(report),
-        "capacity: " + ", ".join(f"{n} {size(c)}"
-                                 for n, c in report.capacity.items()), ""]
-    header = ("policy", f"largest {v}", "peak live", "peak reserved", "U",
-              "headroom", f"next {v}: why it fails")
+        + "), engine " + report.engine]
+    if models:
+        lines.append(outside_line(report))
+        lines.append("capacity: " + ", ".join(
+            f"{n} {size(c)}" for n, c in models.items()))
+    if reals:
+        lines.append(f"real runs: the program on XLA's own allocator over a "
+                     f"fake device of {size(report.gpu.memory)}, which XLA "
+                     "shares as it does on the GPU; XLA's out-of-memory "
+                     "error is the verdict")
+    lines.append("")
+    header = ("policy", "kind", f"largest {v}", "peak live", "peak reserved",
+              "U", "headroom", f"next {v}: why it fails")
     rows: List[List[str]] = []
     for f in report.fits:
-        a = f.at_largest
+        a = f.at_largest if not _real.is_real(f.policy) else None
         why = "(the range's end fits)" if f.next_failure is None else (
             f"{f.next_value}: {f.next_failure.describe_failure()}")
-        rows.append([f.policy, "none" if f.largest is None else
-                     str(f.largest),
+        rows.append([label(report, f.policy), report.kind(f.policy),
+                     "none" if f.largest is None else str(f.largest),
                      size(a.peak_live) if a else "-",
                      size(a.peak_reserved) if a else "-",
                      f"{a.utilisation:.3f}" if a else "-",
                      size(a.headroom) if a else "-", why])
     lines.append(format_table(rows, header))
-    gains = report.gains()
+    gains = gain_lines(report)
     if gains:
-        parts = []
-        for name, g in gains.items():
-            parts.append(f"{name} " + ("n/a (fits nothing)" if g is None
-                                       else f"{g:+.0f}%"))
         lines.append("")
-        lines.append(f"jaxlake's largest {v} against each peer's: "
-                     + ", ".join(parts))
+        lines.extend(gains)
+    lines.append("")
+    lines.append("policies:")
+    for f in report.fits:
+        lines.append(f"  {f.policy}: {describe(f.policy, report.jax_default)}")
     rec = sum(t.seconds for t in report.traces)
     lines.append(f"{len(report.traces)} traces ({rec:.1f}s making them), "
-                 f"{report.replays} replays, {report.seconds:.1f}s in all")
+                 f"{report.replays} replays, {report.real_runs} real runs "
+                 f"({report.real_seconds:.1f}s), {report.seconds:.1f}s in "
+                 "all")
     lines.append(LIMITS)
     return "\n".join(lines)
 
@@ -372,9 +636,12 @@ def plot(report: FitReport, path: str) -> None:
     Canvas(fig)
     ax = fig.add_subplot(1, 1, 1)
     peak = [p.peak_reserved for d in report._probes.values()
-            for p in d.values()] + list(report.capacity.values())
+            for p in d.values()] + [c for n, c in report.capacity.items()
+                                    if not _real.is_real(n)]
     unit, scale = byte_unit(max(peak, default=1))
     for name, probes in report._probes.items():
+        if _real.is_real(name):
+            continue  # a real run has a verdict, not a peak
         colour = COLOURS.get(name, "#444444")
         vals = sorted(probes)
         ax.plot(vals, [probes[x].peak_reserved / scale for x in vals],
@@ -384,7 +651,8 @@ def plot(report: FitReport, path: str) -> None:
         oom = [x for x in vals if not probes[x].fits]
         ax.scatter(oom, [probes[x].peak_reserved / scale for x in oom],
                    marker="x", s=70, color=colour, zorder=6)
-    for cap in sorted(set(report.capacity.values())):
+    for cap in sorted({c for n, c in report.capacity.items()
+                       if not _real.is_real(n)}):
         ax.axhline(cap / scale, color="#000000", linewidth=0.8,
                    linestyle=":")
     live = sorted(report.traces, key=lambda t: t.value)

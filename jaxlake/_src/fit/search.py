@@ -130,6 +130,9 @@ def substitute(argv: Sequence[str], vary: Vary, value: int) -> List[str]:
 
 SHORTAGE = "shortage"
 FRAGMENTATION = "fragmentation"
+#: A real run's verdict: XLA's own allocator ran out of memory (whether
+#: for a shortage or for fragmentation, a real run does not say).
+OUT_OF_MEMORY = "out of memory"
 
 
 @dataclasses.dataclass
@@ -153,6 +156,11 @@ class Probe:
     # device of this many bytes (several times the GPU's): its peak live
     # bytes are unknown and above every capacity (peak_live is then 0).
     beyond: Optional[int] = None
+    # A real run of the program (real.py), not a replay: its verdict is the
+    # program's own; peak_live and peak_reserved are unknown (0), and
+    # `message` is XLA's out-of-memory line when it failed.
+    real: bool = False
+    message: Optional[str] = None
 
     @property
     def utilisation(self) -> float:
@@ -166,6 +174,10 @@ class Probe:
     def describe_failure(self) -> str:
         if self.fits:
             return ""
+        if self.reason == OUT_OF_MEMORY:
+            request = (f" (a request of {format_size(self.request_size)})"
+                       if self.request_size else "")
+            return f"out of memory in a real run{request}"
         if self.reason == SHORTAGE and self.beyond is not None:
             request = (f" (a request of {format_size(self.request_size)})"
                        if self.request_size else "")
@@ -187,6 +199,12 @@ class Probe:
             "capacity": self.capacity, "peak_live": self.peak_live,
             "peak_reserved": self.peak_reserved,
             "utilisation": self.utilisation, "headroom": self.headroom}
+        if self.real:
+            out.update(peak_live=None, peak_reserved=None, utilisation=None,
+                       headroom=None, real_run=True)
+            if self.reason == OUT_OF_MEMORY:
+                out["request"] = {"size": self.request_size}
+                out["message"] = self.message
         if self.beyond is not None:
             out["peak_live"] = None
             out["utilisation"] = None

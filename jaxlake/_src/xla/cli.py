@@ -52,6 +52,13 @@ def register(commands: Any) -> None:
     run.add_argument("--fake-gpu-memory", metavar="SIZE",
                      help="memory of each fake device (default: the "
                           "model's, 80GiB or 141GiB)")
+    run.add_argument("--no-lake", action="store_true",
+                     help="with --fake-gpu: leave the lake out and run on "
+                          "XLA's own allocator as the program's settings "
+                          "choose it (XLA_PYTHON_CLIENT_ALLOCATOR, "
+                          "_PREALLOCATE, XLA_CLIENT_MEM_FRACTION, XLA_FLAGS; "
+                          "JAX's default when none is set): nothing is "
+                          "forced, and the shim only forwards")
     run.add_argument("argv", nargs=argparse.REMAINDER, metavar="COMMAND",
                      help="the program and its arguments (after --)")
     run.set_defaults(func=_run)
@@ -78,6 +85,23 @@ def register(commands: Any) -> None:
 EXIT_REPORT_ENV = "JAXLAKE_EXIT_REPORT"
 
 
+def no_lake_environment(environ: Dict[str, str], fake: Dict[str, str]
+                        ) -> Dict[str, str]:
+    """The environment of `jaxlake run --fake-gpu --no-lake`: the fake GPU
+    under XLA's own allocator, configured as the program's environment
+    configures it (nothing forced). The shim stays libcuda.so.1 in the
+    fake's folder, forwarding every call (JAXLAKE_SHIM_HOOKS=0); the lake's
+    own settings (JAXLAKE=1, --jaxlake_* entries of XLA_FLAGS, which XLA
+    would refuse) are taken out."""
+    env = dict(environ)
+    env.update(fake)
+    xla.strip_xla_flags(env)
+    env.pop(xla.ENABLE_ENV, None)
+    env.pop(xla.TRACE_ENV, None)
+    env[xla.HOOKS_ENV] = "0"
+    return env
+
+
 def run_environment(environ: Dict[str, str], trace: Optional[str],
                     fake: Optional[Dict[str, str]] = None,
                     report: bool = True) -> Dict[str, str]:
@@ -89,6 +113,7 @@ def run_environment(environ: Dict[str, str], trace: Optional[str],
     if fake is not None:
         env.update(fake)
     resolved, trace, _ = xla.resolve_settings(env, {}, trace, False)
+    xla.capacity_rule(resolved, env)  # a bad or doubled XLA memory fraction
     driver, why = xla.find_real_driver(env)
     if driver is None:
         raise ConfigurationError(why)
@@ -106,6 +131,8 @@ def run_environment(environ: Dict[str, str], trace: Optional[str],
     env[xla.PREALLOCATE_ENV] = "false"
     env[xla.ENABLE_ENV] = "1"
     env[EXIT_REPORT_ENV] = "1" if report else "0"
+    env["XLA_FLAGS"] = xla.with_memory_limit(env.get("XLA_FLAGS", ""),
+                                             resolved, env)
     return env
 
 
@@ -134,6 +161,19 @@ def _run(args: argparse.Namespace) -> int:
         print("jaxlake run: --fake-gpu-count needs --fake-gpu",
               file=sys.stderr)
         return 2
+    if args.no_lake:
+        if fake is None:
+            print("jaxlake run: --no-lake needs --fake-gpu (without the "
+                  "fake GPU and the lake, run the program directly)",
+                  file=sys.stderr)
+            return 2
+        if args.trace is not None:
+            print("jaxlake run: --trace needs the lake (the lake writes the "
+                  "trace); leave out --no-lake or --trace", file=sys.stderr)
+            return 2
+        env = no_lake_environment(dict(os.environ), fake)
+        return _exec(argv, env, notice + "jaxlake run: no lake: XLA's own "
+                     "allocator, as the program's settings choose it\n")
     try:
         env = run_environment(dict(os.environ), args.trace, fake,
                               report=not args.quiet)
@@ -148,6 +188,11 @@ def _run(args: argparse.Namespace) -> int:
         sys.stderr.write(f"jaxlake run: {error}\n" + startup.without_lake(
             "jaxlake run", "--required"))
         return _run_without_lake(argv, str(error))
+    return _exec(argv, env, notice)
+
+
+def _exec(argv: List[str], env: Dict[str, str], notice: str) -> int:
+    """Replaces this process by the program (127 when it cannot start)."""
     sys.stderr.write(notice)
     sys.stdout.flush()
     sys.stderr.flush()

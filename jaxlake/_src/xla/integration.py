@@ -23,12 +23,12 @@ it until JAX starts (after that, as always with CUDA, a forked child must not
 use CUDA; start children with the "spawn" method).
 
 Capacity: the `capacity` option (bytes, or a fraction of each device's
-memory) when given; else XLA's own memory fraction,
-XLA_PYTHON_CLIENT_MEM_FRACTION when set, else 0.75 (XLA's default): the
-rest of the device stays for cuBLAS/cuDNN workspaces, NCCL, loaded modules
-and the executor's own allocations, which the lake never gives its cached
-memory back to. An explicit lake capacity wins over
-XLA_PYTHON_CLIENT_MEM_FRACTION.
+memory) when given; else XLA's own memory fraction, XLA_CLIENT_MEM_FRACTION
+or its deprecated spelling XLA_PYTHON_CLIENT_MEM_FRACTION when set (jaxlib
+refuses the two together, and so does jaxlake), else 0.75 (XLA's default):
+the rest of the device stays for cuBLAS/cuDNN workspaces, NCCL, loaded
+modules and the executor's own allocations, which the lake never gives its
+cached memory back to. An explicit lake capacity wins over XLA's fraction.
 """
 
 from __future__ import annotations
@@ -80,9 +80,26 @@ assert all(v in _options.OTHER_VARIABLES for v in (
     REAL_DRIVER_ENV, TRACE_ENV, HOOKS_ENV, REQUIRED_ENV, FRACTION_ENV))
 
 #: XLA's share of device memory, and its default (also the lake's default
-#: capacity, see the module's docstring).
-XLA_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+#: capacity, see the module's docstring). jaxlib (0.10 to 0.12) reads
+#: XLA_CLIENT_MEM_FRACTION, else the deprecated XLA_PYTHON_CLIENT_MEM_
+#: FRACTION, and raises ValueError when both are set.
+XLA_FRACTION_ENV = "XLA_CLIENT_MEM_FRACTION"
+XLA_DEPRECATED_FRACTION_ENV = "XLA_PYTHON_CLIENT_MEM_FRACTION"
+XLA_FRACTION_ENVS = (XLA_FRACTION_ENV, XLA_DEPRECATED_FRACTION_ENV)
 XLA_DEFAULT_FRACTION = 0.75
+
+#: XLA's compiler rematerialises a program to fit a memory limit it takes
+#: from its allocator. Under JAX's default that is the slop factor (XLA's
+#: default 95%) of the preallocated pool, 0.75 of the device; under
+#: cuda_async without preallocation, the lake's setting, it was about 0.8
+#: of the device times the slop factor (measured on the fake GPU with jax
+#: 0.10.2: 194.6 MiB on a 256 MiB device, 733.2 MiB on 1 GiB with a factor
+#: of 89; docs/benchmarks.md, "Real runs"). So the lake sets the factor
+#: that makes XLA compile for its capacity as JAX's default compiles for
+#: its pool, unless the program's XLA_FLAGS set one.
+SLOP_FLAG = "xla_gpu_memory_limit_slop_factor"
+XLA_DEFAULT_SLOP = 95
+NO_POOL_LIMIT_SHARE = 0.8
 
 ALLOCATOR_ENV = "XLA_PYTHON_CLIENT_ALLOCATOR"
 PREALLOCATE_ENV = "XLA_PYTHON_CLIENT_PREALLOCATE"
@@ -169,32 +186,76 @@ def resolve_settings(environ: MutableMapping[str, str],
     return resolved, trace, required
 
 
+def xla_fraction(environ: Optional[Mapping[str, str]] = None
+                 ) -> Optional[Tuple[float, str]]:
+    """XLA's memory fraction as the environment gives it, and the variable
+    that gave it: XLA_CLIENT_MEM_FRACTION, else the deprecated
+    XLA_PYTHON_CLIENT_MEM_FRACTION; None when neither is set (XLA then
+    takes 0.75). ConfigurationError when both are set (jaxlib raises
+    ValueError then) or the value is not a decimal fraction in (0, 1]."""
+    env = os.environ if environ is None else environ
+    given = {var: env.get(var, "").strip() for var in XLA_FRACTION_ENVS}
+    if all(given.values()):
+        raise ConfigurationError(
+            f"{XLA_FRACTION_ENV}={given[XLA_FRACTION_ENV]!r} and "
+            f"{XLA_DEPRECATED_FRACTION_ENV}="
+            f"{given[XLA_DEPRECATED_FRACTION_ENV]!r} are both set: set only "
+            f"{XLA_FRACTION_ENV} (jaxlib raises ValueError when both are "
+            "set; the other spelling is deprecated)")
+    for var in XLA_FRACTION_ENVS:
+        text = given[var]
+        if not text:
+            continue
+        try:
+            fraction = float(text)
+        except ValueError:
+            fraction = -1.0
+        if not 0.0 < fraction <= 1.0:
+            raise ConfigurationError(
+                f"{var}={text!r} is not a decimal fraction in (0, 1]")
+        return fraction, var
+    return None
+
+
 def capacity_rule(resolved: Mapping[str, Any],
                   environ: Optional[Mapping[str, str]] = None
                   ) -> Tuple[Optional[int], float, str]:
     """(bytes, fraction, where it comes from) of the lake's capacity: the
-    `capacity` option (bytes, or a fraction), else XLA_PYTHON_CLIENT_MEM_
-    FRACTION, else XLA's default 0.75. Exactly one of bytes and fraction is
-    set (the other is None or 0.0). The shim applies the same rule
-    (cc/shim/options.h)."""
-    env = os.environ if environ is None else environ
+    `capacity` option (bytes, or a fraction), else XLA's memory fraction
+    (xla_fraction()), else XLA's default 0.75. Exactly one of bytes and
+    fraction is set (the other is None or 0.0). The shim applies the same
+    rule (cc/shim/options.h)."""
     cap = resolved.get("capacity")
     if isinstance(cap, float):
         return None, cap, "the capacity option (a fraction)"
     if cap:
         return int(cap), 0.0, "the capacity option"
-    given = env.get(XLA_FRACTION_ENV, "").strip()
-    if given:
-        try:
-            fraction = float(given)
-        except ValueError:
-            fraction = -1.0
-        if not 0.0 < fraction <= 1.0:
-            raise ConfigurationError(
-                f"{XLA_FRACTION_ENV}={given!r} is not a decimal fraction in "
-                "(0, 1]")
-        return None, fraction, XLA_FRACTION_ENV
+    given = xla_fraction(environ)
+    if given is not None:
+        return None, given[0], given[1]
     return None, XLA_DEFAULT_FRACTION, "XLA's default memory fraction"
+
+
+def slop_factor(fraction: float) -> int:
+    """The --xla_gpu_memory_limit_slop_factor under which XLA, over the
+    lake, compiles for a capacity of `fraction` of the device as it
+    compiles for JAX's default pool of that fraction."""
+    return max(1, round(XLA_DEFAULT_SLOP * fraction / NO_POOL_LIMIT_SHARE))
+
+
+def with_memory_limit(flags: str, resolved: Mapping[str, Any],
+                      environ: Optional[Mapping[str, str]] = None) -> str:
+    """`flags` (XLA_FLAGS) with the slop factor of slop_factor() for the
+    lake's capacity added, unless they set one already or the capacity is
+    a number of bytes (its share of the device is not known before CUDA
+    starts)."""
+    if f"--{SLOP_FLAG}" in flags:
+        return flags
+    nbytes, fraction, _ = capacity_rule(resolved, environ)
+    if nbytes is not None:
+        return flags
+    entry = f"--{SLOP_FLAG}={slop_factor(fraction)}"
+    return f"{flags} {entry}" if flags.strip() else entry
 
 
 def effective_capacity(resolved: Mapping[str, Any], total_memory: int,
@@ -284,7 +345,7 @@ def configure(*, required: bool = False, trace: Optional[str] = None,
     with _lock:
         resolved, trace, required = resolve_settings(
             os.environ, options, trace, required)
-        capacity_rule(resolved)  # a bad XLA_PYTHON_CLIENT_MEM_FRACTION
+        capacity_rule(resolved)  # a bad or doubled XLA memory fraction
         key = tuple(sorted(resolved.items())) + (("trace", trace),)
         if _configured is not None:
             if _configured[0] == key:
@@ -395,7 +456,7 @@ def _configure(resolved: Dict[str, Any], trace: Optional[str]) -> Status:
             shim.disable(f"cannot write the trace to {trace}")
             _restore_environ(saved)
             raise OSError(-rc, f"cannot write the trace to {trace}")
-    _set_allocator_env()
+    _set_allocator_env(resolved)
     return Status(True, "", driver=driver, shim=shim.path,
                   driver_version=version, options=resolved)
 
@@ -426,7 +487,7 @@ def _configure_loaded(shim: _Shim, resolved: Dict[str, Any],
         rc = shim.trace_start(os.path.abspath(trace), None)
         if rc != 0:
             raise OSError(-rc, f"cannot write the trace to {trace}")
-    _set_allocator_env()
+    _set_allocator_env(resolved)
     return Status(True, "", driver=driver, shim=shim.path,
                   driver_version=version, options=resolved)
 
@@ -456,8 +517,9 @@ def shim_environment(resolved: Mapping[str, Any], driver: str,
     return env
 
 
-def _set_allocator_env() -> None:
-    """XLA's cuda_async allocator is the one the shim serves."""
+def _set_allocator_env(resolved: Mapping[str, Any]) -> None:
+    """XLA's cuda_async allocator is the one the shim serves; XLA compiles
+    for the lake's capacity (with_memory_limit())."""
     allocator = os.environ.get(ALLOCATOR_ENV)
     if allocator not in (None, "", "cuda_async"):
         warnings.warn(
@@ -474,6 +536,8 @@ def _set_allocator_env() -> None:
             "block at start (JAXLAKE_PREALLOCATE=1 makes the lake take its "
             "capacity at its first allocation instead)", stacklevel=4)
     os.environ[PREALLOCATE_ENV] = "false"
+    os.environ["XLA_FLAGS"] = with_memory_limit(
+        os.environ.get("XLA_FLAGS", ""), resolved)
     _warn_versions_and_routing()
 
 

@@ -2,9 +2,10 @@
 
 jaxlake.pth (installed beside the package in site-packages) imports the
 top-level module _jaxlake_startup at every interpreter start. That module
-does nothing unless JAXLAKE is set to a true value or XLA_FLAGS has a
---jaxlake entry; then it calls run() below, before any JAX plugin can open
-the CUDA driver. A jax_plugins entry point would not do: JAX initialises
+does nothing unless JAXLAKE is set to a true value, XLA_FLAGS has a
+--jaxlake entry or JAXLAKE_FAKE_GPU is set (`jaxlake run --fake-gpu`, with
+or without the lake); then it calls run() below, before any JAX plugin can
+open the CUDA driver. A jax_plugins entry point would not do: JAX initialises
 plugins in an order that changes from run to run, and the CUDA plugin's own
 initialisation opens the driver.
 """
@@ -62,13 +63,14 @@ def run() -> Optional[xla.Status]:
     the lake and does not get it (a bad setting, no driver) is told so on
     stderr when it starts and again when it ends; with JAXLAKE_REQUIRED=1
     it ends at once with exit status 1 instead."""
-    if not wanted():
-        return None
     if xla.truthy(os.environ.get("JAXLAKE_FAKE_GPU")):
+        # The fake GPU, with the lake or without it (--no-lake).
         from jaxlake._src.xla import fakegpu
         note = fakegpu.install_jax_hook()
         if note:
             sys.stderr.write(f"jaxlake: fake GPU: {note}\n")
+    if not wanted():
+        return None
     required = xla.truthy(os.environ.get(xla.REQUIRED_ENV))
     asked = "JAXLAKE=1" if xla.truthy(os.environ.get(xla.ENABLE_ENV)) \
         else "XLA_FLAGS --jaxlake"
