@@ -435,13 +435,13 @@ def test_train_lm_default_flags_picks_cudnn_and_runs(tmp_path: pathlib.Path
 
 
 def test_all_to_all_over_two_fake_devices_moves_the_blocks() -> None:
-    # A typical sharded program: it sets XLA_FLAGS itself, then shards a
-    # jitted step over both devices with an all-to-all (NCCL's
-    # ncclAlltoAll), whose blocks the fake moves as NCCL defines them.
+    # A typical sharded program: it assigns XLA_FLAGS itself (replacing
+    # what was there, as Flax's examples do), then shards a jitted step
+    # over both devices with an all-to-all (NCCL's ncclAlltoAll), whose
+    # blocks the fake moves as NCCL defines them.
     proc = fake_run("""
 import os
-os.environ["XLA_FLAGS"] = os.environ.get("XLA_FLAGS", "") + \\
-    " --xla_gpu_autotune_level=0"
+os.environ["XLA_FLAGS"] = "--xla_gpu_autotune_level=0"
 import json, numpy as np, jax
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 try:
