@@ -410,6 +410,7 @@ def serve(args: argparse.Namespace) -> Dict[str, Any]:
                 if args.cache == "grow":
                     first, r.cache = fns["prefill"](state, tokens, length)
                     r.tokens.append(first)
+                    del first
                 else:
                     r.slot = free_slots.pop(0)
                     first, cache = fns["slot_prefill"](
@@ -439,6 +440,7 @@ def serve(args: argparse.Namespace) -> Dict[str, Any]:
                         state, r.cache, r.tokens[-1],
                         np.array([pos], np.int32))
                     r.tokens.append(token)
+                    del token
                     r.count += 1
                     counts["decodes"] += 1
             elif active:
@@ -488,7 +490,7 @@ def verify(full: Any, state: Any, done: List[Request]) -> int:
         if list(want) != list(r.generated):
             bad += 1
             print(f"request {r.index}: cached {r.generated} but uncached "
-                  f"{list(want)}", file=sys.stderr)
+                  f"{[int(t) for t in want]}", file=sys.stderr)
     return bad
 
 

@@ -1,0 +1,201 @@
+"""The workload examples that stress an allocator beyond one jitted step:
+serving with KV caches that grow and are freed (serve_lm.py), run as a user
+would, at the tiny preset on the CPU and under `jaxlake run --fake-gpu`.
+
+Each example runs in a subprocess (jax fixes its platform once per
+process). The serving engine's two cache layouts decode the same requests
+to the same tokens, each checked against the uncached model (--verify); its
+trace shows the caches growing and freed; bad input gets a one-line error.
+"""
+
+from __future__ import annotations
+
+import collections
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Dict, List, Optional
+
+import pytest
+
+_NEEDS = ("the examples need jax, flax, optax and orbax-checkpoint "
+          "(pip install 'jaxlake[examples]', on Python 3.11 and newer)")
+for _module in ("jax", "flax", "optax", "orbax"):
+    if importlib.util.find_spec(_module) is None:
+        pytest.skip(f"{_module} is missing: {_NEEDS}", allow_module_level=True)
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+JAXLAKE = str(Path(sys.executable).with_name("jaxlake"))
+TIMEOUT = 300
+
+#: A short request stream: 6 requests, prompts of 4 to 30 tokens (up to two
+#: cache blocks of 16), outputs of 2 to 30 (so caches grow), 3 at once.
+SERVE = ["--requests", "6", "--max-len", "64", "--prompt-len", "4,30",
+         "--new-tokens", "2,30", "--slots", "3", "--cache-block", "16",
+         "--dtype", "float32", "--no-progress"]
+
+
+def _env() -> Dict[str, str]:
+    env = dict(os.environ)
+    env["JAX_PLATFORMS"] = "cpu"
+    env.pop("XLA_FLAGS", None)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def run(script: str, *args: str, ok: bool = True
+        ) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, str(EXAMPLES / script), *args]
+    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True,
+                          timeout=TIMEOUT, cwd=str(ROOT))
+    if ok and done.returncode != 0:
+        pytest.fail(f"{' '.join(cmd)} exited {done.returncode}:\n"
+                    f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
+    return done
+
+
+def requests_log(path: Path) -> Dict[int, dict]:
+    return {r["request"]: r for r in map(json.loads,
+                                         path.read_text().splitlines())
+            if "request" in r}
+
+
+def read_trace(path: Path) -> List[dict]:
+    from jaxlake._src.trace import tracefile
+    trace = tracefile.read_trace(str(path))
+    assert not trace.skipped
+    with open(path) as f:
+        next(f)
+        return [json.loads(line) for line in f]
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Dict[str, Path]:
+    """serve_lm.py over the same requests with each cache layout, verified;
+    the grow run records a trace."""
+    d = tmp_path_factory.mktemp("serve")
+    out = {"grow": d / "grow.jsonl", "slots": d / "slots.jsonl",
+           "trace": d / "serve.jsonl"}
+    done = run("serve_lm.py", *SERVE, "--cache", "grow", "--verify",
+               "--log-json", str(out["grow"]), "--trace", str(out["trace"]))
+    (d / "grow.out").write_text(done.stdout)
+    out["grow_out"] = d / "grow.out"
+    done = run("serve_lm.py", *SERVE, "--cache", "slots", "--verify",
+               "--log-json", str(out["slots"]))
+    (d / "slots.out").write_text(done.stdout)
+    out["slots_out"] = d / "slots.out"
+    return out
+
+
+def test_serve_both_cache_layouts_match_the_uncached_model(
+        served: Dict[str, Path]) -> None:
+    for mode in ("grow", "slots"):
+        text = served[f"{mode}_out"].read_text()
+        assert "verified: all 6 requests match the uncached model" in text
+    grow, slots = requests_log(served["grow"]), requests_log(served["slots"])
+    assert sorted(grow) == list(range(6))
+    # The same requests, greedy, the same weights: the same tokens.
+    for i, r in grow.items():
+        assert len(r["tokens"]) == r["new_tokens"]
+        assert r["tokens"] == slots[i]["tokens"], i
+    # Requests overlapped (continuous batching) and some waited for a slot.
+    spans = [(r["started"], r["finished"]) for r in grow.values()]
+    assert any(a[0] < b[0] < a[1] for a in spans for b in spans)
+
+
+def test_serve_trace_shows_caches_grow_and_go(served: Dict[str, Path]
+                                              ) -> None:
+    out = served["grow_out"].read_text()
+    growths = int(out.split(" cache growths")[0].rsplit(" ", 1)[1])
+    assert growths >= 1, out
+    events = read_trace(served["trace"])
+    live: Dict[int, str] = {}
+    caches: "collections.Counter[int]" = collections.Counter()
+    for e in events:
+        if e["op"] == "alloc":
+            live[e["id"]] = e.get("kind", "")
+            if e.get("kind") == "activation":
+                caches[e["size"]] += 1
+        else:
+            live.pop(e["id"])
+    # Caches of at least three capacities, each a whole number of 16-position
+    # blocks of the tiny model (2 layers x keys and values x 64 float32
+    # values a position), and all of them freed by the end: what is left
+    # is the weights.
+    assert len(caches) >= 3, caches
+    block = 16 * 2 * 2 * 64 * 4
+    assert all(size % block == 0 for size in caches), caches
+    assert live and set(live.values()) == {"param"}, live
+    trace_line = [l for l in out.splitlines() if l.startswith("trace ")]
+    assert trace_line and "launches" in trace_line[0]
+
+
+def test_serve_refuses_bad_input() -> None:
+    cases = [
+        (["--prompt-len", "40,60", "--new-tokens", "10,20", "--max-len",
+          "64"], "over --max-len 64"),
+        (["--prompt-len", "banana"], "--prompt-len"),
+        (["--prompt-len", "9,3"], "MIN <= MAX"),
+        (["--compile-only"], "needs --trace"),
+        (["--arrival-every", "-1"], "--arrival-every"),
+    ]
+    for argv, words in cases:
+        done = run("serve_lm.py", *argv, ok=False)
+        assert done.returncode == 2, (argv, done.stdout, done.stderr)
+        assert words in done.stderr, (argv, done.stderr)
+        assert "Traceback" not in done.stderr
+
+
+# -- under the fake GPU ----------------------------------------------------
+
+
+def _fake_gpu_reason() -> Optional[str]:
+    if sys.platform != "linux" or os.uname().machine != "x86_64":
+        return "the fake GPU and the shim are built on x86-64 Linux only"
+    for mod in ("jax", "jax_plugins.xla_cuda12"):
+        try:
+            if importlib.util.find_spec(mod) is None:
+                return (f"{mod} is not installed (the test extra installs "
+                        "jax[cuda12-local] on Python 3.11 and newer)")
+        except (ImportError, ValueError):
+            return f"{mod} cannot be imported"
+    from jaxlake._src.xla import fakegpu
+    if not os.path.isfile(fakegpu.library_path()):
+        return f"this build has no fake GPU ({fakegpu.library_path()})"
+    return None
+
+
+def fake_run(argv: List[str], args: List[str], env: Dict[str, str]
+             ) -> subprocess.CompletedProcess:
+    full = dict(os.environ)
+    for var in ("JAX_PLATFORMS", "XLA_FLAGS", "LD_PRELOAD", "JAXLAKE"):
+        full.pop(var, None)
+    # Autotuning times candidate kernels that do not run here: off.
+    full["XLA_FLAGS"] = "--xla_gpu_autotune_level=0"
+    full.update(env)
+    return subprocess.run([JAXLAKE, "run", "--fake-gpu", *args, "--",
+                           *argv], env=full, capture_output=True, text=True,
+                          timeout=TIMEOUT, cwd=str(ROOT))
+
+
+@pytest.mark.skipif(_fake_gpu_reason() is not None,
+                    reason=str(_fake_gpu_reason()))
+def test_serve_under_the_fake_gpu_with_the_lake(tmp_path: Path) -> None:
+    trace, stats = tmp_path / "lake.jsonl", tmp_path / "fake.json"
+    proc = fake_run([sys.executable, str(EXAMPLES / "serve_lm.py"),
+                     "--requests", "4", "--max-len", "64", "--prompt-len",
+                     "4,20", "--new-tokens", "2,20", "--slots", "2",
+                     "--no-progress"], ["--trace", str(trace)],
+                    {"JAXLAKE_FAKEGPU_STATS": str(stats)})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert "served 4 requests" in proc.stdout
+    events = read_trace(trace)
+    assert len(events) > 50
+    calls = json.loads(stats.read_text())["calls"]
+    # The lake served XLA's pool: no buffer came from the driver's pool.
+    assert int(calls.get("cuMemAllocFromPoolAsync", 0)) == 0
+    assert int(calls.get("cuMemCreate", 0)) >= 1
