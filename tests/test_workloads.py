@@ -199,3 +199,55 @@ def test_serve_under_the_fake_gpu_with_the_lake(tmp_path: Path) -> None:
     # The lake served XLA's pool: no buffer came from the driver's pool.
     assert int(calls.get("cuMemAllocFromPoolAsync", 0)) == 0
     assert int(calls.get("cuMemCreate", 0)) >= 1
+
+
+# -- many executables, long-lived outputs (train_lm.py) --------------------
+
+
+def test_train_eval_outputs_kept_restore_and_a_compile_per_length(
+        tmp_path: Path) -> None:
+    """Train and eval alternate, every result stays on the device, the run
+    rolls back to a checkpoint mid-way, and three sequence lengths each get
+    their own train step."""
+    logf, trace = tmp_path / "log.jsonl", tmp_path / "keep.jsonl"
+    done = run("train_lm.py", "--no-progress", "--steps", "6",
+               "--seq-buckets", "16,32,48", "--eval-every", "2",
+               "--eval-batches", "1", "--keep-outputs", "--ckpt-dir",
+               str(tmp_path / "ckpt"), "--ckpt-every", "2", "--restore-at",
+               "3", "--log-json", str(logf), "--trace", str(trace))
+    records = [json.loads(l) for l in logf.read_text().splitlines()]
+    steps = [r["step"] for r in records if "loss" in r]
+    # Steps 1..3, back to the checkpoint of step 2, then 3..6 again.
+    assert steps == [1, 2, 3, 3, 4, 5, 6], steps
+    assert [r.get("restored_from") for r in records
+            if r.get("step") == 3 and "loss" in r] == [2, None]
+    again = [r["loss"] for r in records if r.get("step") == 3 and "loss" in r]
+    assert again[0] == again[1]  # the same state, the same batch
+    launches = len(steps) + sum("eval_loss" in r for r in records)
+    assert f"kept {launches} outputs on the device to the end" in done.stdout
+    # Every kept output (a train step's loss and gradient norm, an eval's
+    # loss and logits: two arrays each) is still live when the trace ends.
+    live: Dict[int, str] = {}
+    for e in read_trace(trace):
+        if e["op"] == "alloc":
+            live[e["id"]] = e.get("kind", "")
+        else:
+            live.pop(e["id"])
+    outputs = sum(kind == "output" for kind in live.values())
+    assert outputs == 2 * launches, (outputs, launches)
+    line = [l for l in done.stdout.splitlines() if l.startswith("trace ")][0]
+    compiles = int(line.split(" GPU compiles")[0].rsplit(" ", 1)[1])
+    # init, init_frozen, opt_init, eval, and a train step per length.
+    assert compiles == 4 + 3, line
+
+
+def test_restore_at_needs_checkpoints() -> None:
+    for argv, words in (
+            (["--restore-at", "3"], "needs --ckpt-dir and --ckpt-every"),
+            (["--restore-at", "1", "--ckpt-dir", "/tmp/x", "--ckpt-every",
+              "2"], "before the first save"),
+            (["--restore-at", "20", "--steps", "20", "--ckpt-dir", "/tmp/x",
+              "--ckpt-every", "2"], "not before the last step")):
+        done = run("train_lm.py", *argv, ok=False)
+        assert done.returncode == 2, (argv, done.stderr)
+        assert words in done.stderr, (argv, done.stderr)
