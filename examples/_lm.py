@@ -173,6 +173,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                    help="evaluate every N steps (default: 0, never)")
     t.add_argument("--eval-batches", type=positive_int, default=2,
                    help="batches per evaluation (default: 2)")
+    t.add_argument("--offload-opt-state", action="store_true",
+                   help="hold the optimizer state in the host's pinned "
+                        "memory (memory kind pinned_host) between steps; "
+                        "each step moves it to the device and back; one "
+                        "device only (default: off, on the device)")
     t.add_argument("--keep-outputs", action="store_true",
                    help="keep every step's metrics and every evaluation's "
                         "last-position logits on the device for the whole "
@@ -304,6 +309,12 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
             parser.error(f"--restore-at {args.restore_at} is not before the "
                          f"last step ({args.steps}): give a step between "
                          f"{args.ckpt_every} and {args.steps - 1}")
+    if getattr(args, "offload_opt_state", False) and args.trace:
+        parser.error("--offload-opt-state cannot be recorded with --trace: "
+                     "the recorder's device-less compile places every "
+                     "array on the device; record the device's allocations "
+                     "with `jaxlake run --fake-gpu --trace OUT -- python "
+                     "examples/train_lm.py --offload-opt-state` instead")
     if args.compile_only and args.ckpt_dir:
         parser.error("--compile-only runs nothing, so it has nothing to "
                      "checkpoint: drop --ckpt-dir")
@@ -584,18 +595,25 @@ def _train(args: argparse.Namespace, setup: Setup, cfg: ModelConfig,
     def init_frozen(key: jax.Array) -> Any:
         return nnx.split(LM(cfg, nnx.Rngs(key)), wrt, ...)[2]
 
+    host = _host_memory(args, mesh)
+
+    def to_host(tree: Any) -> Any:
+        return jax.device_put(tree, jax.memory.Space.Host) if host else tree
+
     def opt_init(trainable: Any, frozen: Any) -> Any:
         model = nnx.merge(graphdef, trainable, frozen)
-        return nnx.state(nnx.Optimizer(model, tx, wrt=wrt))
+        return to_host(nnx.state(nnx.Optimizer(model, tx, wrt=wrt)))
 
     def train_step(trainable: Any, opt_state: Any, frozen: Any,
                    batch: jax.Array) -> Any:
         model = nnx.merge(graphdef, trainable, frozen)
+        if host:  # in from the host for this step
+            opt_state = jax.device_put(opt_state, jax.memory.Space.Device)
         optimizer = nnx.merge(opt_def, opt_state)
         grad_fn = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, wrt))
         loss, grads = grad_fn(model, batch)
         optimizer.update(model, grads)
-        return (nnx.state(model, wrt), nnx.state(optimizer),
+        return (nnx.state(model, wrt), to_host(nnx.state(optimizer)),
                 {"loss": loss, "grad_norm": optax.global_norm(grads)})
 
     def eval_step(trainable: Any, frozen: Any, batch: jax.Array) -> Any:
@@ -652,6 +670,7 @@ def _train(args: argparse.Namespace, setup: Setup, cfg: ModelConfig,
         trainable, opt_state = _restore(
             manager, restore_step, target(abs_train, t_specs),
             target(abs_opt_state, o_specs), rec)
+        opt_state = jax.device_put(opt_state, host) if host else opt_state
         start = restore_step
         if setup.is_main:
             print(f"resumed from step {start} in {args.ckpt_dir}")
@@ -726,6 +745,8 @@ def _train(args: argparse.Namespace, setup: Setup, cfg: ModelConfig,
                 trainable, opt_state = _restore(
                     manager, back, target(abs_train, t_specs),
                     target(abs_opt_state, o_specs), rec)
+                if host:
+                    opt_state = jax.device_put(opt_state, host)
                 restored = True
                 record["restored_from"] = back
                 steps.rewind(back + 1)
@@ -759,11 +780,35 @@ def _train(args: argparse.Namespace, setup: Setup, cfg: ModelConfig,
         print(f"loss {first:.4f} -> {last:.4f} over steps "
               f"{min(losses)}..{max(losses)}; {tokens_done} tokens in "
               f"{time.perf_counter() - t0:.1f}s")
+    if setup.is_main and host is not None and not args.compile_only:
+        kinds = sorted({str(x.sharding.memory_kind)
+                        for x in jax.tree.leaves(opt_state)})
+        print(f"optimizer state held in {', '.join(kinds)} memory")
     if setup.is_main and args.keep_outputs:
         print(f"kept {len(kept)} outputs on the device to the end")
     return {"losses": losses, "eval_loss": eval_loss,
             "params": cfg.params(), "trainable": trainable,
             "opt_state": opt_state, "frozen": frozen, "kept": kept}
+
+
+def _host_memory(args: argparse.Namespace, mesh: Any) -> Any:
+    """--offload-opt-state: the pinned host memory of the one device, as
+    a sharding (None without the flag); a clear error where there is
+    none."""
+    if not getattr(args, "offload_opt_state", False):
+        return None
+    if mesh is not None:
+        raise SystemExit("error: --offload-opt-state works on one device "
+                         "(train_lm.py), not over a mesh")
+    device = jax.devices()[0]
+    kinds = sorted(m.kind for m in device.addressable_memories())
+    if "pinned_host" not in kinds:
+        raise SystemExit(
+            f"error: --offload-opt-state: {device.platform} device "
+            f"{device.id} has no pinned_host memory (its memories: "
+            f"{', '.join(kinds)}), so the optimizer state cannot be held "
+            "there: drop the flag")
+    return jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
 
 
 class _Steps:

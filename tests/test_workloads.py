@@ -251,3 +251,58 @@ def test_restore_at_needs_checkpoints() -> None:
         done = run("train_lm.py", *argv, ok=False)
         assert done.returncode == 2, (argv, done.stderr)
         assert words in done.stderr, (argv, done.stderr)
+
+
+# -- offloading (train_lm.py) ----------------------------------------------
+
+
+def test_offloaded_activations_and_optimizer_state_train_the_same(
+        tmp_path: Path) -> None:
+    """Offloading moves bytes, not values: the losses of a run with its
+    saved activations and its optimizer state in pinned host memory are
+    those of a plain run, and the optimizer state ends in pinned_host."""
+    plain, offloaded = tmp_path / "plain.jsonl", tmp_path / "off.jsonl"
+    run("train_lm.py", "--no-progress", "--steps", "3", "--log-json",
+        str(plain))
+    done = run("train_lm.py", "--no-progress", "--steps", "3",
+               "--offload-opt-state", "--remat", "offload-attn-mlp-out",
+               "--log-json", str(offloaded))
+    assert "optimizer state held in pinned_host memory" in done.stdout
+    a = {r["step"]: r["loss"] for r in map(
+        json.loads, plain.read_text().splitlines()) if "loss" in r}
+    b = {r["step"]: r["loss"] for r in map(
+        json.loads, offloaded.read_text().splitlines()) if "loss" in r}
+    assert sorted(a) == sorted(b) == [1, 2, 3]
+    assert all(abs(a[s] - b[s]) < 1e-5 for s in a), (a, b)
+
+
+def test_offload_opt_state_refuses_the_recorder(tmp_path: Path) -> None:
+    done = run("train_lm.py", "--offload-opt-state", "--trace",
+               str(tmp_path / "t.jsonl"), ok=False)
+    assert done.returncode == 2
+    assert "jaxlake run --fake-gpu --trace" in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(_fake_gpu_reason() is not None,
+                    reason=str(_fake_gpu_reason()))
+def test_offload_under_the_fake_gpu_uses_pinned_host_memory(
+        tmp_path: Path) -> None:
+    """XLA's GPU client holds pinned_host arrays in page-locked host memory
+    of its own (cuMemHostAlloc), beside the device pool the lake serves."""
+    counts = {}
+    for name, extra in (("plain", []), ("offload", [
+            "--offload-opt-state", "--remat", "offload-dots"])):
+        trace, stats = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.json"
+        proc = fake_run([sys.executable, str(EXAMPLES / "train_lm.py"),
+                         "--no-progress", "--steps", "2", "--attention",
+                         "xla", *extra], ["--trace", str(trace)],
+                        {"JAXLAKE_FAKEGPU_STATS": str(stats)})
+        assert proc.returncode == 0, proc.stderr[-4000:]
+        assert len(read_trace(trace)) > 20
+        calls = json.loads(stats.read_text())["calls"]
+        assert int(calls.get("cuMemAllocFromPoolAsync", 0)) == 0
+        counts[name] = int(calls.get("cuMemHostAlloc", 0))
+        if extra:
+            assert "optimizer state held in pinned_host memory" in \
+                proc.stdout
+    assert counts["offload"] > counts["plain"], counts
