@@ -160,9 +160,6 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     if args.compile_only and args.verify:
         p.error("--compile-only runs nothing, so there is nothing to "
                 "--verify: drop one")
-    heads = _lm.PRESETS[args.preset].heads
-    if _lm.PRESETS[args.preset].d_model % heads:
-        p.error(f"preset {args.preset} has d_model not divisible by heads")
     for flag, path in (("--trace", args.trace),
                        ("--log-json", args.log_json)):
         if path:
