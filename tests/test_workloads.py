@@ -134,6 +134,25 @@ def test_serve_trace_shows_caches_grow_and_go(served: Dict[str, Path]
     assert trace_line and "launches" in trace_line[0]
 
 
+def test_serve_help_gives_every_default() -> None:
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            "import serve_lm as m; p = m.parser(); "
+            "print(p.format_help()); print('-- options --'); "
+            "print('\\n'.join(f'{a.option_strings} {a.help}' for a in "
+            "p._actions if a.dest != 'help'))")
+    out = subprocess.run([sys.executable, "-c", code, str(EXAMPLES)],
+                         env=_env(), capture_output=True, text=True,
+                         timeout=TIMEOUT, check=True).stdout
+    help_text, options = out.split("-- options --")
+    assert "usage: serve_lm.py" in help_text
+    for flag in ("--requests", "--max-len", "--prompt-len", "--new-tokens",
+                 "--cache", "--slots", "--verify", "--trace"):
+        assert flag in help_text
+    lines = options.strip().splitlines()
+    lacking = [line for line in lines if "default" not in line]
+    assert len(lines) > 15 and not lacking, lacking
+
+
 def test_serve_refuses_bad_input() -> None:
     cases = [
         (["--prompt-len", "40,60", "--new-tokens", "10,20", "--max-len",
