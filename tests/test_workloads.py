@@ -1,11 +1,16 @@
-"""The workload examples that stress an allocator beyond one jitted step:
-serving with KV caches that grow and are freed (serve_lm.py), run as a user
-would, at the tiny preset on the CPU and under `jaxlake run --fake-gpu`.
+"""The workload examples that stress an allocator beyond one jitted step,
+run as a user would, at the tiny preset on the CPU and under `jaxlake run
+--fake-gpu`: serving with KV caches that grow and are freed (serve_lm.py);
+train and eval executables over several sequence lengths with every output
+kept and a mid-run restore; offloading to pinned host memory (train_lm.py
+flags).
 
 Each example runs in a subprocess (jax fixes its platform once per
 process). The serving engine's two cache layouts decode the same requests
 to the same tokens, each checked against the uncached model (--verify); its
-trace shows the caches growing and freed; bad input gets a one-line error.
+trace shows the caches growing and freed; kept outputs are live at the end
+of the trace; offloading leaves the losses as they were; bad input gets a
+one-line error.
 """
 
 from __future__ import annotations
