@@ -173,6 +173,17 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                    help="evaluate every N steps (default: 0, never)")
     t.add_argument("--eval-batches", type=positive_int, default=2,
                    help="batches per evaluation (default: 2)")
+    t.add_argument("--offload-opt-state", action="store_true",
+                   help="hold the optimizer state in the host's pinned "
+                        "memory (memory kind pinned_host) between steps; "
+                        "each step moves it to the device and back; one "
+                        "device only (default: off, on the device)")
+    t.add_argument("--keep-outputs", action="store_true",
+                   help="keep every step's metrics and every evaluation's "
+                        "last-position logits on the device for the whole "
+                        "run, as a program that collects its results in a "
+                        "list does (default: off, each is dropped once "
+                        "read)")
     t.add_argument("--seed", type=int, default=0,
                    help="seed of the initial weights and of the batches "
                         "(default: 0)")
@@ -185,6 +196,11 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                         "never)")
     c.add_argument("--resume-step", type=int, default=None,
                    help="resume from this saved step (default: the latest)")
+    c.add_argument("--restore-at", type=positive_int, default=None,
+                   metavar="STEP",
+                   help="after STEP, once, restore the latest checkpoint "
+                        "saved and train on from it, as a run that rolls "
+                        "back does (default: never)")
     r = parser.add_argument_group("jaxlake")
     r.add_argument("--jaxlake", action=argparse.BooleanOptionalAction,
                    default=True,
@@ -281,6 +297,24 @@ def check_args(parser: argparse.ArgumentParser, args: argparse.Namespace,
                      "needs --trace OUT")
     if args.trace_per_tensor and not args.trace:
         parser.error("--trace-per-tensor needs --trace OUT")
+    if args.restore_at is not None:
+        if not args.ckpt_dir or not args.ckpt_every:
+            parser.error("--restore-at restores a checkpoint saved earlier "
+                         "in the run: it needs --ckpt-dir and --ckpt-every")
+        if args.ckpt_every > args.restore_at:
+            parser.error(f"--restore-at {args.restore_at} comes before the "
+                         f"first save (--ckpt-every {args.ckpt_every}): use "
+                         f"a --restore-at of {args.ckpt_every} or more")
+        if args.restore_at >= args.steps:
+            parser.error(f"--restore-at {args.restore_at} is not before the "
+                         f"last step ({args.steps}): give a step between "
+                         f"{args.ckpt_every} and {args.steps - 1}")
+    if getattr(args, "offload_opt_state", False) and args.trace:
+        parser.error("--offload-opt-state cannot be recorded with --trace: "
+                     "the recorder's device-less compile places every "
+                     "array on the device; record the device's allocations "
+                     "with `jaxlake run --fake-gpu --trace OUT -- python "
+                     "examples/train_lm.py --offload-opt-state` instead")
     if args.compile_only and args.ckpt_dir:
         parser.error("--compile-only runs nothing, so it has nothing to "
                      "checkpoint: drop --ckpt-dir")
@@ -342,6 +376,10 @@ def trace_name(args: argparse.Namespace, *extra: str) -> str:
         parts.append("buckets")
     if args.eval_every:
         parts.append("eval")
+    if getattr(args, "keep_outputs", False):
+        parts.append("keep")
+    if getattr(args, "restore_at", None):
+        parts.append("restore")
     parts.extend(extra)
     if args.trace_per_tensor:
         parts.append("per-tensor")
@@ -486,7 +524,8 @@ def train(args: argparse.Namespace, setup: Setup) -> Dict[str, Any]:
                 "scan_layers": cfg.scan_layers, "attention": cfg.attention,
                 "dtype": cfg.dtype, "batch": args.batch, "seq_lens":
                 seq_lens(args), "grad_accum": args.grad_accum, "eval_every":
-                args.eval_every, "steps": args.steps}
+                args.eval_every, "steps": args.steps, "keep_outputs":
+                args.keep_outputs, "restore_at": args.restore_at}
         meta.update(setup.meta)
         try:
             rec = jaxlake.Recorder(
@@ -556,22 +595,35 @@ def _train(args: argparse.Namespace, setup: Setup, cfg: ModelConfig,
     def init_frozen(key: jax.Array) -> Any:
         return nnx.split(LM(cfg, nnx.Rngs(key)), wrt, ...)[2]
 
+    host = _host_memory(args, mesh)
+
+    def to_host(tree: Any) -> Any:
+        return jax.device_put(tree, jax.memory.Space.Host) if host else tree
+
     def opt_init(trainable: Any, frozen: Any) -> Any:
         model = nnx.merge(graphdef, trainable, frozen)
-        return nnx.state(nnx.Optimizer(model, tx, wrt=wrt))
+        return to_host(nnx.state(nnx.Optimizer(model, tx, wrt=wrt)))
 
     def train_step(trainable: Any, opt_state: Any, frozen: Any,
                    batch: jax.Array) -> Any:
         model = nnx.merge(graphdef, trainable, frozen)
+        if host:  # in from the host for this step
+            opt_state = jax.device_put(opt_state, jax.memory.Space.Device)
         optimizer = nnx.merge(opt_def, opt_state)
         grad_fn = nnx.value_and_grad(loss_fn, argnums=nnx.DiffState(0, wrt))
         loss, grads = grad_fn(model, batch)
         optimizer.update(model, grads)
-        return (nnx.state(model, wrt), nnx.state(optimizer),
+        return (nnx.state(model, wrt), to_host(nnx.state(optimizer)),
                 {"loss": loss, "grad_norm": optax.global_norm(grads)})
 
     def eval_step(trainable: Any, frozen: Any, batch: jax.Array) -> Any:
-        return loss_fn(nnx.merge(graphdef, trainable, frozen), batch)
+        model = nnx.merge(graphdef, trainable, frozen)
+        if not args.keep_outputs:
+            return loss_fn(model, batch)
+        logits = model(batch[:, :-1])
+        loss = optax.softmax_cross_entropy_with_integer_labels(
+            logits, batch[:, 1:]).mean()
+        return loss, logits[:, -1]  # the logits a sampler would draw from
 
     progress = _Progress(args.steps, 0, setup.is_main and not args.no_progress)
     init_params_fn = wrap(jit(init_params, t_specs), "init", "param")
@@ -579,7 +631,8 @@ def _train(args: argparse.Namespace, setup: Setup, cfg: ModelConfig,
     opt_init_fn = wrap(jit(opt_init, o_specs), "opt_init", "opt_state")
     step_fn = wrap(jit(train_step, (t_specs, o_specs, P()), (0, 1)),
                    "train_step", ("param", "opt_state", "output"))
-    eval_fn = wrap(jit(eval_step, P()), "eval_step", "output")
+    eval_fn = wrap(jit(eval_step, (P(), P()) if args.keep_outputs else P()),
+                   "eval_step", "output")
 
     def target(abs_state: Any, spec_tree: Any) -> Any:
         """Abstract arrays with the shardings a restore should give."""
@@ -617,6 +670,7 @@ def _train(args: argparse.Namespace, setup: Setup, cfg: ModelConfig,
         trainable, opt_state = _restore(
             manager, restore_step, target(abs_train, t_specs),
             target(abs_opt_state, o_specs), rec)
+        opt_state = jax.device_put(opt_state, host) if host else opt_state
         start = restore_step
         if setup.is_main:
             print(f"resumed from step {start} in {args.ckpt_dir}")
@@ -641,11 +695,16 @@ def _train(args: argparse.Namespace, setup: Setup, cfg: ModelConfig,
     losses: Dict[int, float] = {}
     eval_loss = float("nan")
     tokens_done, t0 = 0, time.perf_counter()
+    kept: List[Any] = []  # --keep-outputs: every result, for the whole run
+    restored = False
 
     def evaluate() -> float:
         values = []
         for i in range(args.eval_batches):
             value = eval_fn(trainable, frozen, put(eval_batches.get(i)))
+            if args.keep_outputs:
+                kept.append(value)
+                value = value[0]
             values.append(_float(value))
             del value
         return float(np.mean(values))
@@ -656,7 +715,8 @@ def _train(args: argparse.Namespace, setup: Setup, cfg: ModelConfig,
             if log is not None:
                 log.write(json.dumps({"step": start,
                                       "eval_loss": eval_loss}) + "\n")
-        for step in range(start + 1, args.steps + 1):
+        steps = _Steps(start + 1, args.steps)
+        for step in steps:
             batch = train_batches.get(step)
             total = 0.0
             for micro in range(args.grad_accum):
@@ -664,6 +724,8 @@ def _train(args: argparse.Namespace, setup: Setup, cfg: ModelConfig,
                 trainable, opt_state, metrics = step_fn(
                     trainable, opt_state, frozen, put(rows))
                 total += _float(metrics["loss"])
+                if args.keep_outputs:
+                    kept.append(metrics)
                 del metrics
             loss_value = total / args.grad_accum
             losses[step] = loss_value
@@ -675,6 +737,22 @@ def _train(args: argparse.Namespace, setup: Setup, cfg: ModelConfig,
             if manager is not None and args.ckpt_every and (
                     step % args.ckpt_every == 0 or step == args.steps):
                 _save(manager, step, trainable, opt_state)
+            if step == args.restore_at and not restored:
+                # Read back into new arrays; the live ones go when the
+                # names are rebound.
+                manager.wait_until_finished()
+                back = manager.latest_step()
+                trainable, opt_state = _restore(
+                    manager, back, target(abs_train, t_specs),
+                    target(abs_opt_state, o_specs), rec)
+                if host:
+                    opt_state = jax.device_put(opt_state, host)
+                restored = True
+                record["restored_from"] = back
+                steps.rewind(back + 1)
+                if setup.is_main:
+                    print(f"step {step}: restored step {back} from "
+                          f"{args.ckpt_dir}")
             if args.compile_only:
                 text = {"seq": str(batch.shape[1] - 1)}
             else:
@@ -702,9 +780,52 @@ def _train(args: argparse.Namespace, setup: Setup, cfg: ModelConfig,
         print(f"loss {first:.4f} -> {last:.4f} over steps "
               f"{min(losses)}..{max(losses)}; {tokens_done} tokens in "
               f"{time.perf_counter() - t0:.1f}s")
+    if setup.is_main and host is not None and not args.compile_only:
+        kinds = sorted({str(x.sharding.memory_kind)
+                        for x in jax.tree.leaves(opt_state)})
+        print(f"optimizer state held in {', '.join(kinds)} memory")
+    if setup.is_main and args.keep_outputs:
+        print(f"kept {len(kept)} outputs on the device to the end")
     return {"losses": losses, "eval_loss": eval_loss,
             "params": cfg.params(), "trainable": trainable,
-            "opt_state": opt_state, "frozen": frozen}
+            "opt_state": opt_state, "frozen": frozen, "kept": kept}
+
+
+def _host_memory(args: argparse.Namespace, mesh: Any) -> Any:
+    """--offload-opt-state: the pinned host memory of the one device, as
+    a sharding (None without the flag); a clear error where there is
+    none."""
+    if not getattr(args, "offload_opt_state", False):
+        return None
+    if mesh is not None:
+        raise SystemExit("error: --offload-opt-state works on one device "
+                         "(train_lm.py), not over a mesh")
+    device = jax.devices()[0]
+    kinds = sorted(m.kind for m in device.addressable_memories())
+    if "pinned_host" not in kinds:
+        raise SystemExit(
+            f"error: --offload-opt-state: {device.platform} device "
+            f"{device.id} has no pinned_host memory (its memories: "
+            f"{', '.join(kinds)}), so the optimizer state cannot be held "
+            "there: drop the flag")
+    return jax.sharding.SingleDeviceSharding(device, memory_kind="pinned_host")
+
+
+class _Steps:
+    """The step numbers first..last, in order; rewind(n) makes n the next
+    one (a restored checkpoint takes the run back)."""
+
+    def __init__(self, first: int, last: int) -> None:
+        self.next, self.last = first, last
+
+    def __iter__(self) -> Iterator[int]:
+        while self.next <= self.last:
+            step = self.next
+            self.next += 1
+            yield step
+
+    def rewind(self, step: int) -> None:
+        self.next = step
 
 
 # -- checkpoints (orbax) -----------------------------------------------------

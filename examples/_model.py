@@ -57,6 +57,10 @@ REMAT_POLICIES: Dict[str, Optional[str]] = {
     "dots-saveable": "dots_saveable",   # keep matmul outputs
     "dots-no-batch-saveable": "dots_with_no_batch_dims_saveable",
     "attn-mlp-out-saveable": "names",   # keep attention and MLP outputs
+    # Offloading: what is kept for the backward pass waits in the host's
+    # pinned memory, and comes back to the device when the backward needs it.
+    "offload-dots": "offload_dots",     # matmul outputs, offloaded
+    "offload-attn-mlp-out": "offload_names",  # attention and MLP outputs
 }
 
 #: --attention choices: jax.nn.dot_product_attention's implementation.
@@ -69,6 +73,14 @@ def remat_policy(name: str) -> Any:
     if kind == "names":
         return jax.checkpoint_policies.save_only_these_names(
             "attn_out", "mlp_out")
+    if kind == "offload_dots":
+        return jax.checkpoint_policies.offload_dot_with_no_batch_dims(
+            "device", "pinned_host")
+    if kind == "offload_names":
+        return jax.checkpoint_policies.save_and_offload_only_these_names(
+            names_which_can_be_saved=[],
+            names_which_can_be_offloaded=["attn_out", "mlp_out"],
+            offload_src="device", offload_dst="pinned_host")
     return getattr(jax.checkpoint_policies, kind)
 
 
