@@ -274,3 +274,42 @@ def test_zeroing_inaccessible_memory_still_faults() -> None:
     """)
     assert "ZEROING" in proc.stdout, proc.stderr[-2000:]
     assert proc.returncode == -11, (proc.returncode, proc.stdout)
+
+
+def test_address_queries_report_the_mapping_not_the_reservation() -> None:
+    # The driver answers range queries on VMM memory with the one mapping
+    # an address lies in: a buffer mapped from two handles is two ranges
+    # (the behaviour behind torchcomms#3078). An address of the reservation
+    # that no mapping covers is no allocation.
+    out = result(run_case("""
+    G = 2 * MiB
+    va = reserve(4 * G)
+    map_at(va, G, create(G))
+    map_at(va + G, 2 * G, create(2 * G))
+    def address_range(p):
+        base, size = U64(), ctypes.c_size_t()
+        r = lib.cuMemGetAddressRange_v2(ctypes.byref(base),
+                                        ctypes.byref(size), U64(p))
+        return [r, base.value, size.value]
+    def attributes(p):
+        start, size = U64(), ctypes.c_size_t()
+        r1 = lib.cuPointerGetAttribute(ctypes.byref(start), 11, U64(p))
+        r2 = lib.cuPointerGetAttribute(ctypes.byref(size), 12, U64(p))
+        attrs = (ctypes.c_int * 2)(11, 12)
+        s2, n2 = U64(), ctypes.c_size_t()
+        data = (ctypes.c_void_p * 2)(ctypes.cast(ctypes.byref(s2),
+                                                 ctypes.c_void_p),
+                                     ctypes.cast(ctypes.byref(n2),
+                                                 ctypes.c_void_p))
+        r3 = lib.cuPointerGetAttributes(2, attrs, data, U64(p))
+        return [r1, r2, r3, start.value, size.value, s2.value, n2.value]
+    report(va=va, first=address_range(va + 100),
+           second=address_range(va + G + 5),
+           unmapped=address_range(va + 3 * G + 1)[0],
+           attrs=attributes(va + 2 * G))
+    """))
+    va, g = out["va"], 2 << 20
+    assert out["first"] == [0, va, g]
+    assert out["second"] == [0, va + g, 2 * g]
+    assert out["unmapped"] != 0
+    assert out["attrs"] == [0, 0, 0, va + g, 2 * g, va + g, 2 * g]

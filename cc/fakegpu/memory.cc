@@ -87,6 +87,20 @@ CUresult Memset(CUdeviceptr dst, T value, std::size_t count, CUstream stream,
 
 }  // namespace
 
+namespace jaxlake::fakegpu::driver {
+bool FindMapping(CUdeviceptr p, CUdeviceptr* base, Driver::Mapping* out) {
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.mappings.upper_bound(p);
+  if (it == d.mappings.begin()) return false;
+  --it;
+  if (p - it->first >= it->second.size) return false;
+  *base = it->first;
+  *out = it->second;
+  return true;
+}
+}  // namespace jaxlake::fakegpu::driver
+
 extern "C" {
 
 // ---- virtual memory management ----------------------------------------------
@@ -174,13 +188,26 @@ FAKE cuMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset,
   ENTER();
   if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
-  return FromStatus(fg::Host().map(ptr, size, offset, handle));
+  const CUresult r = FromStatus(fg::Host().map(ptr, size, offset, handle));
+  if (r != CUDA_SUCCESS) return r;
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.handles.find(handle);
+  d.mappings[ptr] =
+      Driver::Mapping{size, it != d.handles.end() ? it->second.device : 0, 0};
+  return CUDA_SUCCESS;
 }
 
 FAKE cuMemUnmap(CUdeviceptr ptr, std::size_t size) {
   ENTER();
   if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
-  return FromStatus(fg::Host().unmap(ptr, size));
+  const CUresult r = FromStatus(fg::Host().unmap(ptr, size));
+  if (r != CUDA_SUCCESS) return r;
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.mappings.erase(d.mappings.lower_bound(ptr),
+                   d.mappings.lower_bound(ptr + size));
+  return CUDA_SUCCESS;
 }
 
 FAKE cuMemSetAccess(CUdeviceptr ptr, std::size_t size,
@@ -193,7 +220,25 @@ FAKE cuMemSetAccess(CUdeviceptr ptr, std::size_t size,
         !ValidDevice(desc[i].location.id))
       return CUDA_ERROR_INVALID_VALUE;
   }
-  return FromStatus(fg::Host().set_access(ptr, size));
+  const CUresult r = FromStatus(fg::Host().set_access(ptr, size));
+  if (r != CUDA_SUCCESS) return r;
+  // The grants: each mapping in the range is accessible from the devices
+  // named with read-write access, and no longer from those named with none.
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  for (auto it = d.mappings.lower_bound(ptr);
+       it != d.mappings.end() && it->first < ptr + size; ++it) {
+    for (std::size_t i = 0; i < count; ++i) {
+      if (desc[i].location.id >= 64) continue;
+      const std::uint64_t bit = std::uint64_t{1} << desc[i].location.id;
+      if (desc[i].flags != 0) {
+        it->second.access |= bit;
+      } else {
+        it->second.access &= ~bit;
+      }
+    }
+  }
+  return CUDA_SUCCESS;
 }
 
 // The devices have no multicast (CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED is
@@ -339,11 +384,29 @@ FAKE cuMemHostUnregister(void* p) {
   return CUDA_SUCCESS;
 }
 
+namespace {
+// The range an address query reports for `p`: the allocation it lies in,
+// and for VMM memory the one mapping it lies in (as the driver does: a
+// buffer mapped from several handles is several ranges). False for an
+// address in no allocation or in no mapping of a reservation.
+bool QueryRange(CUdeviceptr p, fg::Range* r) {
+  if (!fg::FindRange(p, r)) return false;
+  if (r->kind != fg::Kind::kReserved) return true;
+  CUdeviceptr base = 0;
+  Driver::Mapping m{};
+  if (!FindMapping(p, &base, &m)) return false;
+  r->base = base;
+  r->size = m.size;
+  r->device = m.device;
+  return true;
+}
+}  // namespace
+
 FAKE cuMemGetAddressRange_v2(CUdeviceptr* base, std::size_t* size,
                              CUdeviceptr p) {
   ENTER();
   fg::Range r;
-  if (!fg::FindRange(p, &r)) return CUDA_ERROR_NOT_FOUND;
+  if (!QueryRange(p, &r)) return CUDA_ERROR_NOT_FOUND;
   if (base != nullptr) *base = r.base;
   if (size != nullptr) *size = r.size;
   return CUDA_SUCCESS;
@@ -354,7 +417,7 @@ namespace {
 CUresult PointerAttribute(void* data, int attribute, CUdeviceptr p,
                           bool lenient) {
   fg::Range r;
-  const bool known = fg::FindRange(p, &r);
+  const bool known = QueryRange(p, &r);
   if (!known && !lenient) return CUDA_ERROR_INVALID_VALUE;
   const bool device = known && r.kind != fg::Kind::kHost;
   switch (attribute) {

@@ -1,0 +1,140 @@
+"""The VMM failure modes other allocators met in the field (issue 34), tried
+on XLA's real GPU client over the fake GPU with the shim and lake serving
+its pool (see test_fake_gpu.py for how these programs run).
+
+Each test names the public report it comes from; docs/design.md ("Failure
+modes") says what the guard is.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+from typing import Dict, List, Optional
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+JAXLAKE = str(pathlib.Path(sys.executable).with_name("jaxlake"))
+
+
+def _plugin_reason() -> Optional[str]:
+    if sys.platform != "linux" or os.uname().machine != "x86_64":
+        return "the fake GPU and the shim are built on x86-64 Linux only"
+    for mod in ("jax", "jax_plugins.xla_cuda12"):
+        try:
+            if importlib.util.find_spec(mod) is None:
+                return (f"{mod} is not installed (the test extra installs "
+                        "jax[cuda12-local] on Python 3.11 and newer)")
+        except (ImportError, ValueError):
+            return f"{mod} cannot be imported"
+    from jaxlake._src.xla import fakegpu
+    if not os.path.isfile(fakegpu.library_path()):
+        return f"this build has no fake GPU ({fakegpu.library_path()})"
+    return None
+
+
+pytestmark = pytest.mark.skipif(_plugin_reason() is not None,
+                                reason=str(_plugin_reason()))
+
+
+def fake_run(script: str, *, args: List[str] = (),
+             env: Dict[str, str] = {}) -> subprocess.CompletedProcess:
+    """Runs a Python script under `jaxlake run --fake-gpu ARGS`."""
+    full = dict(os.environ)
+    for var in ("JAX_PLATFORMS", "XLA_FLAGS", "LD_PRELOAD", "JAXLAKE"):
+        full.pop(var, None)
+    full["XLA_FLAGS"] = "--xla_gpu_autotune_level=0"  # kernels do not run
+    full.update(env)
+    return subprocess.run([JAXLAKE, "run", "--fake-gpu", *args, "--",
+                           sys.executable, "-c", textwrap.dedent(script)],
+                          env=full, capture_output=True, text=True,
+                          timeout=300, cwd=str(ROOT))
+
+
+def result(proc: subprocess.CompletedProcess) -> Dict:
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return dict(json.loads(lines[-1][len("RESULT "):]))
+
+
+PRELUDE = """
+import json, numpy as np, jax, jax.numpy as jnp, jaxlake
+def served(name):
+    return jaxlake.hook_counts().get(name, {})
+def report(**kw):
+    print("RESULT " + json.dumps(kw), flush=True)
+"""
+
+# A stitched buffer: twenty 40 MiB buffers, every other one freed, then a
+# 320 MiB array that no free piece holds, on a 1 GiB lake.
+STITCHED = """
+import ctypes
+bufs = [jax.device_put(np.full(10 << 20, i, np.float32)) for i in range(20)]
+for b in bufs: b.block_until_ready()
+for i in range(0, 20, 2): bufs[i].delete()
+data = np.random.default_rng(0).integers(0, 255, 320 << 20, dtype=np.uint8)
+big = jax.device_put(data); big.block_until_ready()
+s = jaxlake.stats(0)
+stitches = int(s.alloc_stitch) + int(s.alloc_stitch_reuse)
+ptr = big.unsafe_buffer_pointer()
+nbytes = data.nbytes
+U64 = ctypes.c_uint64
+def address_range(lib, p):
+    base, size = U64(), ctypes.c_size_t()
+    r = lib.cuMemGetAddressRange_v2(ctypes.byref(base), ctypes.byref(size),
+                                    U64(p))
+    return [r, base.value, size.value]
+def range_attributes(lib, p):
+    start, size = U64(), ctypes.c_size_t()
+    r1 = lib.cuPointerGetAttribute(ctypes.byref(start), 11, U64(p))
+    r2 = lib.cuPointerGetAttribute(ctypes.byref(size), 12, U64(p))
+    return [r1, r2, start.value, size.value]
+def range_attributes_at_once(lib, p):
+    attrs = (ctypes.c_int * 3)(11, 12, 9)  # and DEVICE_ORDINAL
+    start, size, ordinal = U64(), ctypes.c_size_t(), ctypes.c_int(-1)
+    data = (ctypes.c_void_p * 3)(
+        *[ctypes.cast(ctypes.byref(v), ctypes.c_void_p)
+          for v in (start, size, ordinal)])
+    r = lib.cuPointerGetAttributes(3, attrs, data, U64(p))
+    return [r, start.value, size.value, ordinal.value]
+"""
+
+
+def test_range_queries_cover_a_whole_stitched_buffer() -> None:
+    # meta-pytorch/torchcomms#3078 (also Mooncake#2511, monarch#4547): the
+    # range of a buffer mapped from several handles was one piece, and an
+    # RDMA registration of it covered only part. NCCL's user-buffer
+    # registration asks the same way: the buffer's range through libcuda.
+    proc = fake_run(PRELUDE + STITCHED + """
+from jaxlake._src.xla import fakegpu
+driver = ctypes.CDLL("libcuda.so.1")      # the shim, as NCCL finds it
+fake = ctypes.CDLL(fakegpu.library_path())  # the driver behind it
+report(ptr=ptr, nbytes=nbytes, stitches=stitches,
+       same=bool(np.array_equal(np.asarray(big), data)),
+       piece=address_range(fake, ptr + nbytes - 1),
+       head=address_range(driver, ptr),
+       tail=address_range(driver, ptr + nbytes - 1),
+       attrs=range_attributes(driver, ptr + nbytes // 2),
+       at_once=range_attributes_at_once(driver, ptr + nbytes - 1),
+       hooks=served("cuMemGetAddressRange_v2"))
+""", env={"JAXLAKE_CAPACITY": "1GiB"})
+    out = result(proc)
+    ptr, nbytes = out["ptr"], out["nbytes"]
+    assert out["same"] and out["stitches"] >= 1
+    # The driver itself reports one mapping: a piece of the buffer.
+    r, base, size = out["piece"]
+    assert r == 0 and ptr < base <= ptr + nbytes - 1 < base + size, out
+    assert size < nbytes
+    # Through the shim: the whole buffer from any address inside it.
+    assert out["head"] == [0, ptr, nbytes]
+    assert out["tail"] == [0, ptr, nbytes]
+    assert out["attrs"] == [0, 0, ptr, nbytes]
+    assert out["at_once"] == [0, ptr, nbytes, 0]
+    assert out["hooks"]["served"] >= 2
