@@ -138,3 +138,42 @@ report(ptr=ptr, nbytes=nbytes, stitches=stitches,
     assert out["attrs"] == [0, 0, ptr, nbytes]
     assert out["at_once"] == [0, ptr, nbytes, 0]
     assert out["hooks"]["served"] >= 2
+
+
+PEER_COPY = """
+assert len(jax.devices()) == 2, jax.devices()
+moved = jax.device_put(big, jax.devices()[1]); moved.block_until_ready()
+same = bool(np.array_equal(np.asarray(moved), data))
+big.delete()
+back = jax.device_put(moved, jax.devices()[0]); back.block_until_ready()
+report(stitches=stitches, on=list(moved.devices())[0].id, same=same,
+       back=bool(np.array_equal(np.asarray(back), data)))
+"""
+
+
+def test_a_stitched_buffer_is_copied_to_the_peer_device() -> None:
+    # openxla/xla#40852 (access granted to the local device only; NCCL
+    # peer-to-peer then hung) and pytorch/FBGEMM#1875 (peer access between
+    # contexts does not cover cuMemMap memory): every lake mapping, those
+    # made before XLA enables peer access included, is granted to the
+    # peers, and a device-to-device copy of a stitched buffer goes through.
+    out = result(fake_run(PRELUDE + STITCHED + PEER_COPY,
+                          args=["--fake-gpu-count", "2"],
+                          env={"JAXLAKE_CAPACITY": "1GiB"}))
+    assert out["stitches"] >= 1
+    assert out["on"] == 1 and out["same"] and out["back"], out
+
+
+def test_without_peer_grants_the_peer_copy_faults() -> None:
+    # The same program with the lake's mappings granted to their own device
+    # only (JAXLAKE_SHIM_PEER_ACCESS=0): XLA's peer copy touches memory the
+    # other device may not reach, and the fake GPU refuses it as the device
+    # faults on it. This is what the test above would meet without the
+    # lake's peer grants.
+    proc = fake_run(PRELUDE + STITCHED + PEER_COPY,
+                    args=["--fake-gpu-count", "2"],
+                    env={"JAXLAKE_CAPACITY": "1GiB",
+                         "JAXLAKE_SHIM_PEER_ACCESS": "0"})
+    assert proc.returncode != 0, proc.stdout[-2000:]
+    assert "not granted to it" in proc.stderr, proc.stderr[-4000:]
+    assert "700" in proc.stderr, proc.stderr[-4000:]

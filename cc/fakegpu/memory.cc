@@ -4,6 +4,7 @@
 // pool.
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
 #include <mutex>
 
 #include "cc/fakegpu/driver.h"
@@ -15,6 +16,8 @@ using namespace jaxlake::fakegpu::driver;  // NOLINT: its shared state
 namespace fg = jaxlake::fakegpu;
 
 namespace {
+
+constexpr CUresult kIllegalAddress = 700;  // CUDA_ERROR_ILLEGAL_ADDRESS
 
 CUresult FromStatus(jaxlake::vmm::Status s) {
   using jaxlake::vmm::Status;
@@ -40,12 +43,47 @@ bool Pinned(const void* p) {
   return fg::FindRange(reinterpret_cast<std::uintptr_t>(p), &r);
 }
 
+// Whether `device` may touch [p, p+n) as far as VMM mappings go: every
+// mapping of another device's memory in the range must have granted it
+// access (cuMemSetAccess). Access from a device to its own mappings, and
+// memory outside the mappings, are not checked here. Peer access enabled
+// for contexts (cuCtxEnablePeerAccess) does not cover VMM memory.
+bool PeerGranted(int device, const void* p, std::size_t n) {
+  const auto a = reinterpret_cast<CUdeviceptr>(p);
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.mappings.upper_bound(a);
+  if (it != d.mappings.begin()) --it;
+  for (; it != d.mappings.end() && it->first < a + n; ++it) {
+    if (it->first + it->second.size <= a) continue;
+    if (it->second.device == device || device < 0 || device >= 64) continue;
+    if ((it->second.access & (std::uint64_t{1} << device)) == 0) return false;
+  }
+  return true;
+}
+
+// A copy that `device` runs touching VMM memory of another device that
+// was not granted to it: the device faults on it, and the fake refuses the
+// copy with the driver's error for that fault, naming it in the log.
+CUresult CheckPeers(int device, void* dst, const void* src, std::size_t n) {
+  if (PeerGranted(device, dst, n) && PeerGranted(device, src, n))
+    return CUDA_SUCCESS;
+  std::fprintf(stderr,
+               "jaxlake fake GPU: device %d copied %zu bytes from %p to %p, "
+               "VMM memory of another device that was not granted to it "
+               "(cuMemSetAccess): CUDA_ERROR_ILLEGAL_ADDRESS\n",
+               device, n, src, dst);
+  return kIllegalAddress;
+}
+
 // A copy in stream order; from or to pageable memory it completes before
 // the call returns, after the work before it.
 CUresult Copy(void* dst, const void* src, std::size_t n, CUstream stream) {
   fg::Stream* s = StreamFor(stream);
   if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (n == 0) return CUDA_SUCCESS;
+  if (CUresult r = CheckPeers(s->device(), dst, src, n); r != CUDA_SUCCESS)
+    return r;
   if (CUresult r = 0; CaptureCopy(stream, dst, src, n, &r)) return r;
   if (Pinned(dst) && Pinned(src)) {
     s->Enqueue([dst, src, n] { fg::Move(dst, src, n); });
@@ -61,6 +99,7 @@ CUresult CopySync(void* dst, const void* src, std::size_t n) {
   int dev = 0;
   if (CUresult r = NeedContext(&dev); r != CUDA_SUCCESS) return r;
   if (CUresult r = CheckUnsafe(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = CheckPeers(dev, dst, src, n); r != CUDA_SUCCESS) return r;
   for (fg::Stream* s : fg::StreamsOf(dev)) s->Synchronize();
   if (n != 0) fg::Move(dst, src, n);
   return CUDA_SUCCESS;
