@@ -64,6 +64,11 @@ def result(proc: subprocess.CompletedProcess) -> Dict:
     return dict(json.loads(lines[-1][len("RESULT "):]))
 
 
+#: Address space a lake reserves at most, in capacities a device, and live
+#: mappings a device (docs/design.md, "Failure modes", item 6).
+RESERVE_BOUND = 8
+MAPPINGS_BOUND = 400
+
 PRELUDE = """
 import json, numpy as np, jax, jax.numpy as jnp, jaxlake
 def served(name):
@@ -177,3 +182,52 @@ def test_without_peer_grants_the_peer_copy_faults() -> None:
     assert proc.returncode != 0, proc.stdout[-2000:]
     assert "not granted to it" in proc.stderr, proc.stderr[-4000:]
     assert "700" in proc.stderr, proc.stderr[-4000:]
+
+
+LONG_RUN = """
+import collections, random
+rng = random.Random(0)
+devices = jax.devices()
+live = collections.defaultdict(list)
+for it in range(ITERATIONS):
+    d = it % len(devices)
+    size = rng.choice([1, 3, 8, 20, 40, 72, 96]) << 20
+    bufs = live[d]
+    # At most 320 MiB live a device, under the 512 MiB capacity.
+    while bufs and sum(b.nbytes for b in bufs) + size > 320 << 20:
+        bufs.pop(rng.randrange(len(bufs))).delete()
+    bufs.append(jax.device_put(np.zeros(size, np.uint8), devices[d]))
+    bufs[-1].block_until_ready()
+    if it % 97 == 96:
+        jaxlake.empty_cache(d)
+stats = [jaxlake.stats(i) for i in range(len(devices))]
+report(devices=len(devices),
+       stitches=sum(int(s.alloc_stitch) + int(s.alloc_stitch_reuse)
+                    for s in stats),
+       physical_peak=max(int(s.bytes_reserved_peak) for s in stats),
+       stitched_bytes=sum(int(s.stitched_bytes) for s in stats))
+"""
+
+
+def test_reservations_and_mappings_stay_bounded_on_eight_devices(
+        tmp_path: pathlib.Path) -> None:
+    # pytorch#192269: reserving 9/8 of device memory per stream or pool
+    # ran out of the 128 TiB address space. The lake reserves per device,
+    # never per stream: growth ranges of the capacity's size and stitched
+    # ranges. A long run of mixed sizes on eight devices, with stitches and
+    # empty_cache calls, measured through the fake GPU's counts of
+    # cuMemAddressReserve/cuMemAddressFree bytes and cuMemMap/cuMemUnmap.
+    stats = tmp_path / "fake.json"
+    capacity = 512 << 20
+    out = result(fake_run(PRELUDE + "ITERATIONS = 800\n" + LONG_RUN,
+                          args=["--fake-gpu-count", "8"],
+                          env={"JAXLAKE_CAPACITY": str(capacity),
+                               "JAXLAKE_FAKEGPU_STATS": str(stats)}))
+    vmm = json.loads(stats.read_text())["vmm"]
+    print("MEASURED", out, vmm)
+    assert out["devices"] == 8 and out["stitches"] >= 8
+    assert out["physical_peak"] <= capacity
+    # The bound docs/design.md states: at most RESERVE_BOUND capacities of
+    # address space a device, and MAPPINGS_BOUND live mappings a device.
+    assert vmm["reserved_peak"] <= 8 * RESERVE_BOUND * capacity, vmm
+    assert vmm["mappings_peak"] <= 8 * MAPPINGS_BOUND, vmm

@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <cstdint>
 #include <cstdio>
+#include <iterator>
 #include <mutex>
 
 #include "cc/fakegpu/driver.h"
@@ -169,6 +170,7 @@ FAKE cuMemAddressReserve(CUdeviceptr* ptr, std::size_t size,
   const auto s = fg::Host().reserve(size, &va);
   if (s != jaxlake::vmm::Status::kOk) return FromStatus(s);
   *ptr = va;
+  fg::CountVmm(static_cast<std::int64_t>(size), 0);
   const int dev = fg::CurrentDevice();
   fg::AddRange({va, size, dev < 0 ? 0 : dev, fg::Kind::kReserved});
   return CUDA_SUCCESS;
@@ -178,7 +180,10 @@ FAKE cuMemAddressFree(CUdeviceptr ptr, std::size_t size) {
   ENTER();
   if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
   const auto s = fg::Host().address_free(ptr, size);
-  if (s == jaxlake::vmm::Status::kOk) fg::RemoveRange(ptr);
+  if (s == jaxlake::vmm::Status::kOk) {
+    fg::RemoveRange(ptr);
+    fg::CountVmm(-static_cast<std::int64_t>(size), 0);
+  }
   return FromStatus(s);
 }
 
@@ -234,6 +239,7 @@ FAKE cuMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset,
   auto it = d.handles.find(handle);
   d.mappings[ptr] =
       Driver::Mapping{size, it != d.handles.end() ? it->second.device : 0, 0};
+  fg::CountVmm(0, 1);
   return CUDA_SUCCESS;
 }
 
@@ -244,8 +250,10 @@ FAKE cuMemUnmap(CUdeviceptr ptr, std::size_t size) {
   if (r != CUDA_SUCCESS) return r;
   Driver& d = D();
   std::lock_guard<std::mutex> lock(d.mu);
-  d.mappings.erase(d.mappings.lower_bound(ptr),
-                   d.mappings.lower_bound(ptr + size));
+  const auto first = d.mappings.lower_bound(ptr);
+  const auto last = d.mappings.lower_bound(ptr + size);
+  fg::CountVmm(0, -static_cast<std::int64_t>(std::distance(first, last)));
+  d.mappings.erase(first, last);
   return CUDA_SUCCESS;
 }
 
