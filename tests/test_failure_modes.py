@@ -121,7 +121,18 @@ def test_range_queries_cover_a_whole_stitched_buffer() -> None:
 from jaxlake._src.xla import fakegpu
 driver = ctypes.CDLL("libcuda.so.1")      # the shim, as NCCL finds it
 fake = ctypes.CDLL(fakegpu.library_path())  # the driver behind it
-report(ptr=ptr, nbytes=nbytes, stitches=stitches,
+# NCCL and cudart look the driver up by name (cuGetProcAddress).
+fn = ctypes.c_void_p()
+status = ctypes.c_int(-1)
+looked_up = driver.cuGetProcAddress_v2(b"cuMemGetAddressRange",
+                                       ctypes.byref(fn), 12000, U64(0),
+                                       ctypes.byref(status))
+by_name = ctypes.CFUNCTYPE(ctypes.c_int, ctypes.POINTER(U64),
+                           ctypes.POINTER(ctypes.c_size_t), U64)(fn.value)
+base, size = U64(), ctypes.c_size_t()
+by_name_range = [looked_up, by_name(ctypes.byref(base), ctypes.byref(size),
+                                    U64(ptr + 12345)), base.value, size.value]
+report(ptr=ptr, nbytes=nbytes, stitches=stitches, by_name=by_name_range,
        same=bool(np.array_equal(np.asarray(big), data)),
        piece=address_range(fake, ptr + nbytes - 1),
        head=address_range(driver, ptr),
@@ -142,6 +153,7 @@ report(ptr=ptr, nbytes=nbytes, stitches=stitches,
     assert out["tail"] == [0, ptr, nbytes]
     assert out["attrs"] == [0, 0, ptr, nbytes]
     assert out["at_once"] == [0, ptr, nbytes, 0]
+    assert out["by_name"] == [0, 0, ptr, nbytes]
     assert out["hooks"]["served"] >= 2
 
 
