@@ -40,6 +40,11 @@
 // whatever the release threshold and cannot reset its peaks.
 // cuMemPoolTrimTo trims the driver's pool and then, when the lake holds more
 // than the bytes to keep, releases the lake's cached memory (empty_cache).
+// Range queries (cuMemGetAddressRange_v2, cuPointerGetAttribute and
+// cuPointerGetAttributes' RANGE_START_ADDR and RANGE_SIZE) of an address
+// inside a live lake allocation answer with that whole allocation; the
+// driver would report the one mapping the address lies in, a piece of a
+// stitched buffer. Everything else about an address is the driver's.
 // cuGetProcAddress hands out these functions for the hooked names, so
 // callers that look entry points up by name (cudart, cuBLAS, NCCL) reach
 // them too.
