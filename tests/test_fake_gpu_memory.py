@@ -274,3 +274,79 @@ def test_zeroing_inaccessible_memory_still_faults() -> None:
     """)
     assert "ZEROING" in proc.stdout, proc.stderr[-2000:]
     assert proc.returncode == -11, (proc.returncode, proc.stdout)
+
+
+def test_address_queries_report_the_mapping_not_the_reservation() -> None:
+    # The driver answers range queries on VMM memory with the one mapping
+    # an address lies in: a buffer mapped from two handles is two ranges
+    # (the behaviour behind torchcomms#3078). An address of the reservation
+    # that no mapping covers is no allocation.
+    out = result(run_case("""
+    G = 2 * MiB
+    va = reserve(4 * G)
+    map_at(va, G, create(G))
+    map_at(va + G, 2 * G, create(2 * G))
+    def address_range(p):
+        base, size = U64(), ctypes.c_size_t()
+        r = lib.cuMemGetAddressRange_v2(ctypes.byref(base),
+                                        ctypes.byref(size), U64(p))
+        return [r, base.value, size.value]
+    def attributes(p):
+        start, size = U64(), ctypes.c_size_t()
+        r1 = lib.cuPointerGetAttribute(ctypes.byref(start), 11, U64(p))
+        r2 = lib.cuPointerGetAttribute(ctypes.byref(size), 12, U64(p))
+        attrs = (ctypes.c_int * 2)(11, 12)
+        s2, n2 = U64(), ctypes.c_size_t()
+        data = (ctypes.c_void_p * 2)(ctypes.cast(ctypes.byref(s2),
+                                                 ctypes.c_void_p),
+                                     ctypes.cast(ctypes.byref(n2),
+                                                 ctypes.c_void_p))
+        r3 = lib.cuPointerGetAttributes(2, attrs, data, U64(p))
+        return [r1, r2, r3, start.value, size.value, s2.value, n2.value]
+    report(va=va, first=address_range(va + 100),
+           second=address_range(va + G + 5),
+           unmapped=address_range(va + 3 * G + 1)[0],
+           attrs=attributes(va + 2 * G))
+    """))
+    va, g = out["va"], 2 << 20
+    assert out["first"] == [0, va, g]
+    assert out["second"] == [0, va + g, 2 * g]
+    assert out["unmapped"] != 0
+    assert out["attrs"] == [0, 0, 0, va + g, 2 * g, va + g, 2 * g]
+
+
+def test_a_peer_copy_needs_an_access_grant_for_that_device() -> None:
+    # cuMemMap memory is reachable from a device only through
+    # cuMemSetAccess for that device; peer access between contexts does not
+    # cover it (pytorch/FBGEMM#1875). A copy run by device 1 that touches
+    # device 0's mapping without a grant faults.
+    out = result(run_case("""
+    G = 2 * MiB
+    va = reserve(2 * G)
+    map_at(va, G, create(G))                  # device 0's access only
+    map_at(va + G, G, create(G))
+    both = (Access * 2)(Access(loc_type=1, loc_id=0, flags=3),
+                        Access(loc_type=1, loc_id=1, flags=3))
+    ck(lib.cuMemSetAccess(U64(va + G), ctypes.c_size_t(G), both,
+                          ctypes.c_size_t(2)), "access")
+    put(va, pattern(G, 1))
+    ctx1 = ctypes.c_void_p()
+    ck(lib.cuDevicePrimaryCtxRetain(ctypes.byref(ctx1), 1))
+    ck(lib.cuCtxSetCurrent(ctx1))
+    ck(lib.cuCtxEnablePeerAccess(_ctx, 0), "peer access")
+    dst = alloc(G)                            # device 1's memory
+    def copy(src):
+        return lib.cuMemcpyDtoD_v2(U64(dst), U64(src), ctypes.c_size_t(G))
+    ungranted = copy(va)
+    straddling = lib.cuMemcpyDtoD_v2(U64(dst), U64(va + G // 2),
+                                     ctypes.c_size_t(G))
+    granted = copy(va + G)
+    ck(lib.cuMemSetAccess(U64(va), ctypes.c_size_t(G), both,
+                          ctypes.c_size_t(2)), "grant")
+    after_grant = copy(va)
+    same = get(dst, G) == pattern(G, 1)
+    report(ungranted=ungranted, straddling=straddling, granted=granted,
+           after_grant=after_grant, same=same)
+    """, env={"JAXLAKE_FAKEGPU_COUNT": "2"}))
+    assert out == {"ungranted": 700, "straddling": 700, "granted": 0,
+                   "after_grant": 0, "same": True}

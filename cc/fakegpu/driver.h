@@ -53,6 +53,16 @@ struct Driver {
     std::size_t size;
   };
   std::unordered_map<cuda::CUmemGenericAllocationHandle, Handle> handles;
+  // The VMM mappings, one per successful cuMemMap, by address: the device
+  // of the handle mapped and the devices cuMemSetAccess granted access to
+  // (a bit per ordinal). Address queries report the mapping an address
+  // lies in, as the driver does, not the reservation around it.
+  struct Mapping {
+    std::size_t size;
+    int device;
+    std::uint64_t access;
+  };
+  std::map<cuda::CUdeviceptr, Mapping> mappings;
   struct Alloc {
     int device;
     std::size_t size;
@@ -101,6 +111,11 @@ inline int DeviceOfPool(CUmemoryPool pool) {
              ? static_cast<int>(v - kPoolBase)
              : -1;
 }
+
+// The VMM mapping that holds `p` (memory.cc): false when `p` lies in no
+// mapping; else *base, *out are that mapping.
+bool FindMapping(cuda::CUdeviceptr p, cuda::CUdeviceptr* base,
+                 Driver::Mapping* out);
 
 // CUDA_ERROR_NOT_INITIALIZED before cuInit.
 CUresult NeedInit();

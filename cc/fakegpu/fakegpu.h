@@ -167,6 +167,10 @@ double NowMs();
 // A graph node made (graph.cc), by CUgraphNodeType (0 to 13), with the
 // bytes of a memory alloc node: counted for the stats file.
 void CountGraphNode(int type, std::size_t bytes);
+// VMM address space and mappings (memory.cc): `reserved` bytes of address
+// space reserved (negative: freed) and `mappings` made (negative:
+// unmapped); the stats file reports their current values and peaks.
+void CountVmm(std::int64_t reserved, std::int64_t mappings);
 
 // The current device of the calling thread (its current context), or -1.
 int CurrentDevice();

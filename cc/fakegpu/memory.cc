@@ -4,6 +4,8 @@
 // pool.
 #include <algorithm>
 #include <cstdint>
+#include <cstdio>
+#include <iterator>
 #include <mutex>
 
 #include "cc/fakegpu/driver.h"
@@ -15,6 +17,8 @@ using namespace jaxlake::fakegpu::driver;  // NOLINT: its shared state
 namespace fg = jaxlake::fakegpu;
 
 namespace {
+
+constexpr CUresult kIllegalAddress = 700;  // CUDA_ERROR_ILLEGAL_ADDRESS
 
 CUresult FromStatus(jaxlake::vmm::Status s) {
   using jaxlake::vmm::Status;
@@ -40,12 +44,47 @@ bool Pinned(const void* p) {
   return fg::FindRange(reinterpret_cast<std::uintptr_t>(p), &r);
 }
 
+// Whether `device` may touch [p, p+n) as far as VMM mappings go: every
+// mapping of another device's memory in the range must have granted it
+// access (cuMemSetAccess). Access from a device to its own mappings, and
+// memory outside the mappings, are not checked here. Peer access enabled
+// for contexts (cuCtxEnablePeerAccess) does not cover VMM memory.
+bool PeerGranted(int device, const void* p, std::size_t n) {
+  const auto a = reinterpret_cast<CUdeviceptr>(p);
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.mappings.upper_bound(a);
+  if (it != d.mappings.begin()) --it;
+  for (; it != d.mappings.end() && it->first < a + n; ++it) {
+    if (it->first + it->second.size <= a) continue;
+    if (it->second.device == device || device < 0 || device >= 64) continue;
+    if ((it->second.access & (std::uint64_t{1} << device)) == 0) return false;
+  }
+  return true;
+}
+
+// A copy that `device` runs touching VMM memory of another device that
+// was not granted to it: the device faults on it, and the fake refuses the
+// copy with the driver's error for that fault, naming it in the log.
+CUresult CheckPeers(int device, void* dst, const void* src, std::size_t n) {
+  if (PeerGranted(device, dst, n) && PeerGranted(device, src, n))
+    return CUDA_SUCCESS;
+  std::fprintf(stderr,
+               "jaxlake fake GPU: device %d copied %zu bytes from %p to %p, "
+               "VMM memory of another device that was not granted to it "
+               "(cuMemSetAccess): CUDA_ERROR_ILLEGAL_ADDRESS\n",
+               device, n, src, dst);
+  return kIllegalAddress;
+}
+
 // A copy in stream order; from or to pageable memory it completes before
 // the call returns, after the work before it.
 CUresult Copy(void* dst, const void* src, std::size_t n, CUstream stream) {
   fg::Stream* s = StreamFor(stream);
   if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (n == 0) return CUDA_SUCCESS;
+  if (CUresult r = CheckPeers(s->device(), dst, src, n); r != CUDA_SUCCESS)
+    return r;
   if (CUresult r = 0; CaptureCopy(stream, dst, src, n, &r)) return r;
   if (Pinned(dst) && Pinned(src)) {
     s->Enqueue([dst, src, n] { fg::Move(dst, src, n); });
@@ -61,6 +100,7 @@ CUresult CopySync(void* dst, const void* src, std::size_t n) {
   int dev = 0;
   if (CUresult r = NeedContext(&dev); r != CUDA_SUCCESS) return r;
   if (CUresult r = CheckUnsafe(); r != CUDA_SUCCESS) return r;
+  if (CUresult r = CheckPeers(dev, dst, src, n); r != CUDA_SUCCESS) return r;
   for (fg::Stream* s : fg::StreamsOf(dev)) s->Synchronize();
   if (n != 0) fg::Move(dst, src, n);
   return CUDA_SUCCESS;
@@ -86,6 +126,20 @@ CUresult Memset(CUdeviceptr dst, T value, std::size_t count, CUstream stream,
 }
 
 }  // namespace
+
+namespace jaxlake::fakegpu::driver {
+bool FindMapping(CUdeviceptr p, CUdeviceptr* base, Driver::Mapping* out) {
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.mappings.upper_bound(p);
+  if (it == d.mappings.begin()) return false;
+  --it;
+  if (p - it->first >= it->second.size) return false;
+  *base = it->first;
+  *out = it->second;
+  return true;
+}
+}  // namespace jaxlake::fakegpu::driver
 
 extern "C" {
 
@@ -116,6 +170,7 @@ FAKE cuMemAddressReserve(CUdeviceptr* ptr, std::size_t size,
   const auto s = fg::Host().reserve(size, &va);
   if (s != jaxlake::vmm::Status::kOk) return FromStatus(s);
   *ptr = va;
+  fg::CountVmm(static_cast<std::int64_t>(size), 0);
   const int dev = fg::CurrentDevice();
   fg::AddRange({va, size, dev < 0 ? 0 : dev, fg::Kind::kReserved});
   return CUDA_SUCCESS;
@@ -125,7 +180,10 @@ FAKE cuMemAddressFree(CUdeviceptr ptr, std::size_t size) {
   ENTER();
   if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
   const auto s = fg::Host().address_free(ptr, size);
-  if (s == jaxlake::vmm::Status::kOk) fg::RemoveRange(ptr);
+  if (s == jaxlake::vmm::Status::kOk) {
+    fg::RemoveRange(ptr);
+    fg::CountVmm(-static_cast<std::int64_t>(size), 0);
+  }
   return FromStatus(s);
 }
 
@@ -174,13 +232,29 @@ FAKE cuMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset,
   ENTER();
   if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
-  return FromStatus(fg::Host().map(ptr, size, offset, handle));
+  const CUresult r = FromStatus(fg::Host().map(ptr, size, offset, handle));
+  if (r != CUDA_SUCCESS) return r;
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.handles.find(handle);
+  d.mappings[ptr] =
+      Driver::Mapping{size, it != d.handles.end() ? it->second.device : 0, 0};
+  fg::CountVmm(0, 1);
+  return CUDA_SUCCESS;
 }
 
 FAKE cuMemUnmap(CUdeviceptr ptr, std::size_t size) {
   ENTER();
   if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
-  return FromStatus(fg::Host().unmap(ptr, size));
+  const CUresult r = FromStatus(fg::Host().unmap(ptr, size));
+  if (r != CUDA_SUCCESS) return r;
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  const auto first = d.mappings.lower_bound(ptr);
+  const auto last = d.mappings.lower_bound(ptr + size);
+  fg::CountVmm(0, -static_cast<std::int64_t>(std::distance(first, last)));
+  d.mappings.erase(first, last);
+  return CUDA_SUCCESS;
 }
 
 FAKE cuMemSetAccess(CUdeviceptr ptr, std::size_t size,
@@ -193,7 +267,25 @@ FAKE cuMemSetAccess(CUdeviceptr ptr, std::size_t size,
         !ValidDevice(desc[i].location.id))
       return CUDA_ERROR_INVALID_VALUE;
   }
-  return FromStatus(fg::Host().set_access(ptr, size));
+  const CUresult r = FromStatus(fg::Host().set_access(ptr, size));
+  if (r != CUDA_SUCCESS) return r;
+  // The grants: each mapping in the range is accessible from the devices
+  // named with read-write access, and no longer from those named with none.
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  for (auto it = d.mappings.lower_bound(ptr);
+       it != d.mappings.end() && it->first < ptr + size; ++it) {
+    for (std::size_t i = 0; i < count; ++i) {
+      if (desc[i].location.id >= 64) continue;
+      const std::uint64_t bit = std::uint64_t{1} << desc[i].location.id;
+      if (desc[i].flags != 0) {
+        it->second.access |= bit;
+      } else {
+        it->second.access &= ~bit;
+      }
+    }
+  }
+  return CUDA_SUCCESS;
 }
 
 // The devices have no multicast (CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED is
@@ -339,11 +431,29 @@ FAKE cuMemHostUnregister(void* p) {
   return CUDA_SUCCESS;
 }
 
+namespace {
+// The range an address query reports for `p`: the allocation it lies in,
+// and for VMM memory the one mapping it lies in (as the driver does: a
+// buffer mapped from several handles is several ranges). False for an
+// address in no allocation or in no mapping of a reservation.
+bool QueryRange(CUdeviceptr p, fg::Range* r) {
+  if (!fg::FindRange(p, r)) return false;
+  if (r->kind != fg::Kind::kReserved) return true;
+  CUdeviceptr base = 0;
+  Driver::Mapping m{};
+  if (!FindMapping(p, &base, &m)) return false;
+  r->base = base;
+  r->size = m.size;
+  r->device = m.device;
+  return true;
+}
+}  // namespace
+
 FAKE cuMemGetAddressRange_v2(CUdeviceptr* base, std::size_t* size,
                              CUdeviceptr p) {
   ENTER();
   fg::Range r;
-  if (!fg::FindRange(p, &r)) return CUDA_ERROR_NOT_FOUND;
+  if (!QueryRange(p, &r)) return CUDA_ERROR_NOT_FOUND;
   if (base != nullptr) *base = r.base;
   if (size != nullptr) *size = r.size;
   return CUDA_SUCCESS;
@@ -354,7 +464,7 @@ namespace {
 CUresult PointerAttribute(void* data, int attribute, CUdeviceptr p,
                           bool lenient) {
   fg::Range r;
-  const bool known = fg::FindRange(p, &r);
+  const bool known = QueryRange(p, &r);
   if (!known && !lenient) return CUDA_ERROR_INVALID_VALUE;
   const bool device = known && r.kind != fg::Kind::kHost;
   switch (attribute) {

@@ -115,6 +115,9 @@ struct Counters {
   std::atomic<std::uint64_t> copy_dropped{0};
   std::uint64_t graph_nodes[14] = {};  // by CUgraphNodeType, under mu
   std::uint64_t graph_alloc_bytes = 0;
+  // VMM address space reserved and live mappings, now and at their peak.
+  std::int64_t vmm_reserved = 0, vmm_reserved_peak = 0;
+  std::int64_t vmm_mappings = 0, vmm_mappings_peak = 0;
 };
 Counters& C() {
   static Counters* const c = new Counters();  // lives as long as the process
@@ -156,6 +159,12 @@ void WriteStats() {
                  static_cast<unsigned long long>(c.graph_nodes[t]));
   std::fprintf(f, "}, \"graph_alloc_bytes\": %llu",
                static_cast<unsigned long long>(c.graph_alloc_bytes));
+  std::fprintf(f, ", \"vmm\": {\"reserved\": %lld, \"reserved_peak\": %lld, "
+               "\"mappings\": %lld, \"mappings_peak\": %lld}",
+               static_cast<long long>(c.vmm_reserved),
+               static_cast<long long>(c.vmm_reserved_peak),
+               static_cast<long long>(c.vmm_mappings),
+               static_cast<long long>(c.vmm_mappings_peak));
   std::fprintf(f, ", \"bytes\": {\"memset_written\": %llu, "
                "\"memset_dropped\": %llu, \"copy_written\": %llu, "
                "\"copy_dropped\": %llu}}\n",
@@ -186,6 +195,15 @@ void CountGraphNode(int type, std::size_t bytes) {
   std::lock_guard<std::mutex> lock(c.mu);
   ++c.graph_nodes[type];
   c.graph_alloc_bytes += bytes;
+}
+
+void CountVmm(std::int64_t reserved, std::int64_t mappings) {
+  Counters& c = C();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.vmm_reserved += reserved;
+  c.vmm_mappings += mappings;
+  c.vmm_reserved_peak = std::max(c.vmm_reserved_peak, c.vmm_reserved);
+  c.vmm_mappings_peak = std::max(c.vmm_mappings_peak, c.vmm_mappings);
 }
 
 const Options& Opts() {

@@ -40,6 +40,11 @@
 // whatever the release threshold and cannot reset its peaks.
 // cuMemPoolTrimTo trims the driver's pool and then, when the lake holds more
 // than the bytes to keep, releases the lake's cached memory (empty_cache).
+// Range queries (cuMemGetAddressRange_v2, cuPointerGetAttribute and
+// cuPointerGetAttributes' RANGE_START_ADDR and RANGE_SIZE) of an address
+// inside a live lake allocation answer with that whole allocation; the
+// driver would report the one mapping the address lies in, a piece of a
+// stitched buffer. Everything else about an address is the driver's.
 // cuGetProcAddress hands out these functions for the hooked names, so
 // callers that look entry points up by name (cudart, cuBLAS, NCCL) reach
 // them too.
@@ -128,6 +133,15 @@ JAXLAKE_SHIM_EXPORT CUresult cuMemCreate(
     const jaxlake::cuda::CUmemAllocationProp* prop, unsigned long long flags);
 JAXLAKE_SHIM_EXPORT CUresult cuMemRelease(
     jaxlake::cuda::CUmemGenericAllocationHandle handle);
+JAXLAKE_SHIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base,
+                                                     std::size_t* size,
+                                                     CUdeviceptr dptr);
+JAXLAKE_SHIM_EXPORT CUresult cuPointerGetAttribute(void* data, int attribute,
+                                                   CUdeviceptr ptr);
+JAXLAKE_SHIM_EXPORT CUresult cuPointerGetAttributes(unsigned int count,
+                                                    int* attributes,
+                                                    void** data,
+                                                    CUdeviceptr ptr);
 
 namespace jaxlake::shim {
 namespace {
@@ -363,6 +377,7 @@ CUresult AllocFromPool(bool per_thread, CUdeviceptr* dptr, std::size_t size,
   const vmm::Status st = lake->allocate(size, s, &address);
   if (st == vmm::Status::kOk) {
     *dptr = static_cast<CUdeviceptr>(address);
+    lakes.Served(device, address, size);
     lakes.trace().Alloc(device, address, size, s);
   } else if (st == vmm::Status::kOutOfMemory) {
     std::fprintf(stderr, "jaxlake: device %d: %s\n", device,
@@ -404,7 +419,86 @@ CUresult FreeAsync(bool per_thread, CUdeviceptr dptr, CUstream stream) {
   // thread's new allocation at the same address comes before it.
   if (lakes.trace().active() && lake->allocation_size(ptr) != 0)
     lakes.trace().Free(device, ptr, s);
+  // Forgotten before the lake frees it, so that no other thread's new
+  // allocation at the same address is forgotten instead.
+  lakes.Freed(device, ptr);
   return Done(hook, true, ToCu(lake->free(ptr, s)));
+}
+
+// ---- address-range queries ------------------------------------------------------
+
+// The driver reports the range of the one mapping an address of VMM memory
+// lies in. A lake allocation may be stitched from several mappings, and a
+// caller that registers "the buffer" by its range (NCCL user buffers, RDMA,
+// cuFile) would cover only one piece of it; so for an address inside a live
+// lake allocation the range is the allocation's: its address and requested
+// size. Other addresses, and every other attribute, are the driver's.
+constexpr int kRangeStartAddr = 11;  // CU_POINTER_ATTRIBUTE_RANGE_START_ADDR
+constexpr int kRangeSize = 12;       // CU_POINTER_ATTRIBUTE_RANGE_SIZE
+
+bool LiveRange(CUdeviceptr p, std::uintptr_t* base, std::size_t* bytes) {
+  Lakes& lakes = Lakes::Get();
+  return p != 0 && lakes.FindLive(static_cast<std::uintptr_t>(p), base, bytes);
+}
+
+// Writes the lake's answer for a range attribute into `data`; false for
+// other attributes.
+bool RangeAttribute(int attribute, void* data, std::uintptr_t base,
+                    std::size_t bytes) {
+  if (attribute == kRangeStartAddr) {
+    *static_cast<CUdeviceptr*>(data) = static_cast<CUdeviceptr>(base);
+    return true;
+  }
+  if (attribute == kRangeSize) {
+    *static_cast<std::size_t*>(data) = bytes;
+    return true;
+  }
+  return false;
+}
+
+CUresult GetAddressRange(CUdeviceptr* base, std::size_t* size,
+                         CUdeviceptr p) {
+  const Hook hook = Hook::cuMemGetAddressRange_v2;
+  Called(hook);
+  std::uintptr_t b = 0;
+  std::size_t n = 0;
+  if (!LiveRange(p, &b, &n))
+    return Forward(hook, Real().api.MemGetAddressRange_v2, base, size, p);
+  if (base != nullptr) *base = static_cast<CUdeviceptr>(b);
+  if (size != nullptr) *size = n;
+  return Done(hook, true, cu::CUDA_SUCCESS);
+}
+
+CUresult GetPointerAttribute(void* data, int attribute, CUdeviceptr p) {
+  const Hook hook = Hook::cuPointerGetAttribute;
+  Called(hook);
+  std::uintptr_t b = 0;
+  std::size_t n = 0;
+  if ((attribute != kRangeStartAddr && attribute != kRangeSize) ||
+      data == nullptr || !LiveRange(p, &b, &n))
+    return Forward(hook, Real().api.PointerGetAttribute, data, attribute, p);
+  RangeAttribute(attribute, data, b, n);
+  return Done(hook, true, cu::CUDA_SUCCESS);
+}
+
+CUresult GetPointerAttributes(unsigned int count, int* attributes,
+                              void** data, CUdeviceptr p) {
+  const Hook hook = Hook::cuPointerGetAttributes;
+  Called(hook);
+  auto* fn = Real().api.PointerGetAttributes;
+  const CUresult r =
+      fn != nullptr ? fn(count, attributes, data, p) : cu::CUDA_ERROR_NOT_FOUND;
+  std::uintptr_t b = 0;
+  std::size_t n = 0;
+  if (r != cu::CUDA_SUCCESS || attributes == nullptr || data == nullptr ||
+      !LiveRange(p, &b, &n))
+    return Done(hook, false, r);
+  bool answered = false;
+  for (unsigned int i = 0; i < count; ++i) {
+    if (data[i] != nullptr)
+      answered |= RangeAttribute(attributes[i], data[i], b, n);
+  }
+  return Done(hook, answered, r);
 }
 
 // ---- allocations outside the pools ------------------------------------------------
@@ -578,6 +672,10 @@ bool RewriteProcAddress(const char* symbol, void** pfn, int cuda_version,
        nullptr},
       {"cuMemRelease", nullptr, reinterpret_cast<void*>(&::cuMemRelease),
        nullptr},
+      {"cuPointerGetAttribute", nullptr,
+       reinterpret_cast<void*>(&::cuPointerGetAttribute), nullptr},
+      {"cuPointerGetAttributes", nullptr,
+       reinterpret_cast<void*>(&::cuPointerGetAttributes), nullptr},
   };
   for (const Pair& p : pairs) {
     if (std::strcmp(symbol, p.name) == 0) {
@@ -596,6 +694,8 @@ bool RewriteProcAddress(const char* symbol, void** pfn, int cuda_version,
       {"cuMemAlloc_v2", reinterpret_cast<void*>(&::cuMemAlloc_v2)},
       {"cuMemAllocPitch_v2", reinterpret_cast<void*>(&::cuMemAllocPitch_v2)},
       {"cuMemFree_v2", reinterpret_cast<void*>(&::cuMemFree_v2)},
+      {"cuMemGetAddressRange_v2",
+       reinterpret_cast<void*>(&::cuMemGetAddressRange_v2)},
   };
   for (const auto& [name, ours] : versioned) {
     const std::size_t base = std::strlen(name) - 3;  // without "_v2"
@@ -829,4 +929,19 @@ CUresult cuMemCreate(jaxlake::cuda::CUmemGenericAllocationHandle* handle,
 
 CUresult cuMemRelease(jaxlake::cuda::CUmemGenericAllocationHandle handle) {
   JAXLAKE_SHIM_GUARD(jaxlake::shim::Release(handle))
+}
+
+CUresult cuMemGetAddressRange_v2(CUdeviceptr* base, std::size_t* size,
+                                 CUdeviceptr dptr) {
+  JAXLAKE_SHIM_GUARD(jaxlake::shim::GetAddressRange(base, size, dptr))
+}
+
+CUresult cuPointerGetAttribute(void* data, int attribute, CUdeviceptr ptr) {
+  JAXLAKE_SHIM_GUARD(jaxlake::shim::GetPointerAttribute(data, attribute, ptr))
+}
+
+CUresult cuPointerGetAttributes(unsigned int count, int* attributes,
+                                void** data, CUdeviceptr ptr) {
+  JAXLAKE_SHIM_GUARD(
+      jaxlake::shim::GetPointerAttributes(count, attributes, data, ptr))
 }

@@ -257,6 +257,35 @@ int Lakes::AddressOwner(std::uintptr_t ptr) const {
   return -1;
 }
 
+void Lakes::Served(int device, std::uintptr_t address, std::size_t bytes) {
+  if (device < 0 || device >= kMaxDevices) return;
+  Live& l = live_[static_cast<std::size_t>(device)];
+  std::lock_guard<std::mutex> lock(l.mu);
+  l.allocations[address] = bytes;
+}
+
+void Lakes::Freed(int device, std::uintptr_t address) {
+  if (device < 0 || device >= kMaxDevices) return;
+  Live& l = live_[static_cast<std::size_t>(device)];
+  std::lock_guard<std::mutex> lock(l.mu);
+  l.allocations.erase(address);
+}
+
+bool Lakes::FindLive(std::uintptr_t ptr, std::uintptr_t* base,
+                     std::size_t* bytes) const {
+  const int device = AddressOwner(ptr);
+  if (device < 0) return false;
+  const Live& l = live_[static_cast<std::size_t>(device)];
+  std::lock_guard<std::mutex> lock(l.mu);
+  auto it = l.allocations.upper_bound(ptr);
+  if (it == l.allocations.begin()) return false;
+  --it;
+  if (ptr - it->first >= it->second) return false;
+  *base = it->first;
+  *bytes = it->second;
+  return true;
+}
+
 namespace {
 
 // A size as jaxlake's Python side writes it (options.format_bytes, three

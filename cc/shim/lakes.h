@@ -16,6 +16,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <map>
 #include <memory>
 #include <mutex>
 #include <string>
@@ -55,7 +56,10 @@ namespace jaxlake::shim {
   X(cuMemAllocAsync_ptsz)             \
   X(cuMemFree_v2)                     \
   X(cuMemCreate)                      \
-  X(cuMemRelease)
+  X(cuMemRelease)                     \
+  X(cuMemGetAddressRange_v2)          \
+  X(cuPointerGetAttribute)            \
+  X(cuPointerGetAttributes)
 
 enum class Hook : int {
 #define JAXLAKE_X(name) name,
@@ -156,6 +160,16 @@ class Lakes {
   // allocation or not), or -1: such an address is never handed to the
   // driver's own pool, and no other address to a lake.
   int AddressOwner(std::uintptr_t ptr) const;
+  // The live allocations the lakes handed out through the hooks, kept so
+  // that an address-range query of any address inside one (stitched from
+  // several mappings or not) reports the whole allocation: `bytes`
+  // requested at `address` on `device`'s lake, then freed.
+  void Served(int device, std::uintptr_t address, std::size_t bytes);
+  void Freed(int device, std::uintptr_t address);
+  // The live lake allocation holding `ptr`: false when there is none; else
+  // *base and *bytes are its address and requested size.
+  bool FindLive(std::uintptr_t ptr, std::uintptr_t* base,
+                std::size_t* bytes) const;
 
   HookCounter& counter(Hook h) { return counters_[static_cast<int>(h)]; }
   // The counter of `device`, or nullptr outside 0 .. kMaxDevices-1.
@@ -196,6 +210,12 @@ class Lakes {
 
   std::atomic<bool> pools_known_{false};
   std::vector<cuda::CUmemoryPool> pools_;  // by ordinal, set once
+
+  struct Live {
+    mutable std::mutex mu;
+    std::map<std::uintptr_t, std::size_t> allocations;  // address -> bytes
+  };
+  std::array<Live, kMaxDevices> live_;
 
   std::array<HookCounter, kNumHooks> counters_;
   std::array<DeviceCounter, kMaxDevices> device_counters_;

@@ -168,6 +168,9 @@ RealDriver* Load() {
     Resolve(r->handle, "cuMemFree_v2", &a.MemFree_v2);
     Resolve(r->handle, "cuMemCreate", &a.MemCreate);
     Resolve(r->handle, "cuMemRelease", &a.MemRelease);
+    Resolve(r->handle, "cuMemGetAddressRange_v2", &a.MemGetAddressRange_v2);
+    Resolve(r->handle, "cuPointerGetAttribute", &a.PointerGetAttribute);
+    Resolve(r->handle, "cuPointerGetAttributes", &a.PointerGetAttributes);
   }
   r->forwarded = FillForwardingTable(r->handle);
   return r;

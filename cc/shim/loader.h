@@ -70,6 +70,12 @@ struct RealApi {
                         const cuda::CUmemAllocationProp*,
                         unsigned long long);
   CUresult (*MemRelease)(cuda::CUmemGenericAllocationHandle);
+  // Address-range queries (the shim answers them for lake allocations).
+  CUresult (*MemGetAddressRange_v2)(cuda::CUdeviceptr*, std::size_t*,
+                                    cuda::CUdeviceptr);
+  CUresult (*PointerGetAttribute)(void*, int, cuda::CUdeviceptr);
+  CUresult (*PointerGetAttributes)(unsigned int, int*, void**,
+                                   cuda::CUdeviceptr);
 };
 
 struct RealDriver {

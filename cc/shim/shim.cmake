@@ -32,7 +32,8 @@ if(JAXLAKE_BUILD_SHIM)
     cuGetProcAddress cuGetProcAddress_v2
     cuMemAlloc_v2 cuMemAllocPitch_v2 cuMemAllocManaged
     cuMemAllocAsync cuMemAllocAsync_ptsz cuMemFree_v2
-    cuMemCreate cuMemRelease)
+    cuMemCreate cuMemRelease
+    cuMemGetAddressRange_v2 cuPointerGetAttribute cuPointerGetAttributes)
   string(REPLACE ";" "," jaxlake_shim_hooked_arg "${jaxlake_shim_hooked}")
   set(jaxlake_shim_symbols "${PROJECT_SOURCE_DIR}/cc/shim/cuda_symbols.txt")
   set(jaxlake_shim_forward

@@ -1154,6 +1154,37 @@ TEST(get_proc_address_answers_allocation_names_with_the_shim) {
   }
 }
 
+TEST(range_queries_inside_a_lake_allocation_answer_with_the_allocation) {
+  // A buffer's range, as NCCL, RDMA and cuFile ask for it, is the whole
+  // lake allocation from any address inside it: the driver would report
+  // one mapping, a piece of a stitched buffer (torchcomms#3078). This fake
+  // driver has no range query, so only the shim can answer.
+  const Cuda& cu = Cu();
+  const Device d = Ready(0);
+  auto* range = Sym<CUresult(CUdeviceptr*, std::size_t*, CUdeviceptr)>(
+      g_libcuda, "cuMemGetAddressRange_v2");
+  auto* attribute = Sym<CUresult(void*, int, CUdeviceptr)>(
+      g_libcuda, "cuPointerGetAttribute");
+  const std::size_t bytes = 5 * kMiB + 3;
+  CUdeviceptr p = 0;
+  CHECK_EQ(cu.MemAllocFromPoolAsync(&p, bytes, d.pool, nullptr),
+           CUDA_SUCCESS);
+  CUdeviceptr base = 0;
+  std::size_t size = 0;
+  CHECK_EQ(range(&base, &size, p + kMiB), CUDA_SUCCESS);
+  CHECK(base == p);
+  CHECK_EQ(size, bytes);
+  CUdeviceptr start = 0;
+  CHECK_EQ(attribute(&start, 11, p + bytes - 1), CUDA_SUCCESS);  // START
+  CHECK(start == p);
+  std::size_t n = 0;
+  CHECK_EQ(attribute(&n, 12, p), CUDA_SUCCESS);  // RANGE_SIZE
+  CHECK_EQ(n, bytes);
+  CHECK_EQ(cu.MemFreeAsync(p, nullptr), CUDA_SUCCESS);
+  // Freed, the address is the driver's business again.
+  CHECK(range(&base, &size, p) != CUDA_SUCCESS);
+}
+
 TEST(a_thread_without_a_context_can_allocate) {
   const Cuda& cu = Cu();
   const Device d = Ready(0);
