@@ -1,0 +1,14 @@
+#!/usr/bin/env bash
+# MaxText's GPU smoke config (configs/gpu/gpu_smoke_test.yml: synthetic
+# data, 8 tiny layers) on 1 and 2 fake devices, its default layout (fsdp
+# over all devices), checkpointing off, 5 steps.
+#   VENV=... benchmarks/compat/maxtext.sh
+source "$(dirname "$0")/_env.sh"
+VENV="${VENV:-$SRC/venv312}"
+cfg=$("$VENV/bin/python" -c "import maxtext, os; print(os.path.join(os.path.dirname(maxtext.__file__), 'configs/gpu/gpu_smoke_test.yml'))")
+out="$SRC/maxtext-out"
+for n in 1 2; do
+  run_row "maxtext-smoke-${n}dev" "$n" "$VENV/bin/python" -m maxtext.trainers.pre_train.train \
+    "$cfg" run_name="smoke$n" base_output_directory="$out" \
+    enable_checkpointing=false steps=5
+done
