@@ -48,10 +48,16 @@ set(JAXLAKE_SHIM_SOURCES
 set(JAXLAKE_FAKEGPU_SOURCES
   cc/fakegpu/state.cc
   cc/fakegpu/driver.cc
+  cc/fakegpu/device.cc
+  cc/fakegpu/memory.cc
+  cc/fakegpu/stream.cc
+  cc/fakegpu/module.cc
+  cc/fakegpu/graph.cc
   cc/fakegpu/runtime.cc
   cc/fakegpu/cudnn.cc
   cc/fakegpu/cublas.cc
   cc/fakegpu/nccl.cc
+  cc/fakegpu/graph_runtime.cc
   cc/fakegpu/libs.cc
   cc/fakegpu/stubs.cc
 )

@@ -16,6 +16,7 @@ import importlib.util
 import json
 import os
 import pathlib
+import re
 import subprocess
 import sys
 import textwrap
@@ -269,6 +270,81 @@ def test_train_sharded_two_fake_devices(tmp_path: pathlib.Path) -> None:
     calls = _pool_calls_reaching_the_fake(stats)
     assert calls["cuMemAllocFromPoolAsync"] == 0
     assert calls["cuMemCreate"] >= 2
+
+
+# A typical user program: it replaces XLA_FLAGS itself before importing jax
+# (as Flax's multi-device examples do), so XLA runs with its default flags,
+# command buffers on, and it jits a training-like step with a loop and
+# several fusions over 2 devices.
+REPLACES_XLA_FLAGS = """
+import os
+os.environ["XLA_FLAGS"] = "--xla_gpu_autotune_level=0"
+import json
+import jax, jax.numpy as jnp, numpy as np
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+import jaxlake
+mesh = Mesh(np.array(jax.devices()), ("data",))
+rows = NamedSharding(mesh, P("data", None))
+@jax.jit
+def step(w, x):
+    def body(i, w):
+        for _ in range(3):
+            h = jnp.tanh(x @ w) * 0.5 + jnp.sin(w[:1])
+            g = x.T @ h / x.shape[0]
+            w = jnp.cos(w[::-1]) - 0.1 * g * i
+        return w
+    w = jax.lax.fori_loop(0, 4, body, w)
+    return w, jnp.mean(jnp.abs(w))
+w = jnp.ones((128, 128), jnp.float32)
+x = jax.device_put(np.ones((256, 128), np.float32), rows)
+for _ in range(3):
+    w, loss = step(w, x)
+loss.block_until_ready()
+counts = jaxlake.hook_counts()
+print("RESULT " + json.dumps({
+    "devices": len(jax.devices()), "platform": jax.devices()[0].platform,
+    "flags": os.environ["XLA_FLAGS"],
+    "served": counts.get("cuMemAllocFromPoolAsync", {}).get("served", 0),
+    "forwarded": counts.get("cuMemAllocFromPoolAsync", {}).get(
+        "forwarded", 0)}), flush=True)
+"""
+
+
+def test_program_replacing_xla_flags_runs_command_buffers_on_two_devices(
+        tmp_path: pathlib.Path) -> None:
+    stats = tmp_path / "fake.json"
+    proc = fake_run(REPLACES_XLA_FLAGS, args=["--fake-gpu-count", "2"],
+                    env={"JAXLAKE_FAKEGPU_STATS": str(stats)})
+    out = result(proc)
+    assert out["devices"] == 2 and out["platform"] == "gpu"
+    assert out["flags"] == "--xla_gpu_autotune_level=0"
+    assert out["served"] >= 2 and out["forwarded"] == 0
+    data = json.loads(stats.read_text())
+    calls = data["calls"]
+    # XLA built its command buffers as CUDA graphs and launched them.
+    assert calls.get("cuGraphCreate", 0) >= 1
+    assert calls.get("cuGraphLaunch", 0) >= 1
+    assert not [n for n in data["unsupported"] if "Graph" in n or
+                "Capture" in n], data["unsupported"]
+
+
+def test_a_run_logs_no_xla_error_and_calls_no_stub() -> None:
+    # XLA's start-up asks NVML for fabric info, NVLink and confidential
+    # computing state, the driver for multicast and the runtime for stream
+    # priorities; the fake answers each as a GPU without the feature would,
+    # so XLA logs no error (glog's "E" lines) and no stub names itself.
+    proc = fake_run("""
+import jax, jax.numpy as jnp
+@jax.jit
+def f(x):
+    return jax.lax.fori_loop(0, 3, lambda i, x: jnp.tanh(x @ x) + i, x)
+print("RESULT", float(f(jnp.ones((64, 64))).sum()))
+""", env={"JAXLAKE_FAKEGPU_LOG": "stderr"})
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    errors = [l for l in proc.stderr.splitlines()
+              if re.match(r"E\d{4} \d\d:\d\d:\d\d", l)]
+    assert not errors, errors
+    assert "not supported by the fake" not in proc.stderr, proc.stderr
 
 
 def test_doctor_fake_gpu_shows_the_hooks_live() -> None:

@@ -164,6 +164,10 @@ void RecordEvent(const std::shared_ptr<Event>& e, Stream* s);
 void WaitEvent(Stream* s, const std::shared_ptr<Event>& e);
 double NowMs();
 
+// A graph node made (graph.cc), by CUgraphNodeType (0 to 13), with the
+// bytes of a memory alloc node: counted for the stats file.
+void CountGraphNode(int type, std::size_t bytes);
+
 // The current device of the calling thread (its current context), or -1.
 int CurrentDevice();
 void SetCurrentDevice(int device);

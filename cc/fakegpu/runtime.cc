@@ -5,13 +5,15 @@
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
+#include <ctime>
 #include <mutex>
 
 #include "cc/fakegpu/fakegpu.h"
 
 namespace fg = jaxlake::fakegpu;
 
-// The driver's entry points this file calls (driver.cc).
+// The driver's entry points this file calls (device.cc, memory.cc,
+// stream.cc).
 extern "C" {
 int cuInit(unsigned int);
 int cuDeviceGetAttribute(int*, int, int);
@@ -124,6 +126,15 @@ RT int cudaDeviceGetAttribute(int* value, int attribute, int device) {
   return cuDeviceGetAttribute(value, attribute, device) == 0
              ? kSuccess
              : kErrorInvalidValue;
+}
+
+// The driver's range (cuCtxGetStreamPriorityRange): least 0, greatest -5.
+RT int cudaDeviceGetStreamPriorityRange(int* least, int* greatest) {
+  ENTER();
+  if (int r = Ready(); r != kSuccess) return r;
+  if (least != nullptr) *least = 0;
+  if (greatest != nullptr) *greatest = -5;
+  return kSuccess;
 }
 
 // cudaDeviceProp's leading fields, at their offsets in CUDA 12's layout
@@ -297,13 +308,6 @@ RT int cudaStreamDestroy(void* stream) {
 RT int cudaStreamWaitEvent(void* stream, void* event, unsigned int flags) {
   ENTER();
   return FromDriver(cuStreamWaitEvent(stream, event, flags));
-}
-
-RT int cudaStreamIsCapturing(void*, int* status) {
-  ENTER();
-  if (status == nullptr) return kErrorInvalidValue;
-  *status = 0;  // cudaStreamCaptureStatusNone
-  return kSuccess;
 }
 
 RT int cudaEventCreateWithFlags(void** event, unsigned int flags) {
@@ -616,11 +620,71 @@ RT int nvmlDeviceGetNvLinkState(void* h, unsigned int, int*) {
   ENTER();
   return NvmlIndex(h) < 0 ? kNvmlInvalidArgument : 3;  // NOT_SUPPORTED
 }
-RT int nvmlDeviceGetGpuFabricInfoV(void* h, void*) {
+// Fabric info (multi-node NVLink): the call succeeds and the state says
+// NVML_GPU_FABRIC_STATE_NOT_SUPPORTED (0), as for a GPU on no NVLink fabric.
+// nvmlGpuFabricInfo_t: clusterUuid[16], status, cliqueId, state (a byte);
+// nvmlGpuFabricInfo_v2_t puts a version first and a healthMask last (36
+// bytes, version nvmlGpuFabricInfo_v2 = 36 | 2 << 24).
+RT int nvmlDeviceGetGpuFabricInfoV(void* h, unsigned char* info) {
   ENTER();
-  return NvmlIndex(h) < 0 ? kNvmlInvalidArgument : 3;
+  if (NvmlIndex(h) < 0 || info == nullptr) return kNvmlInvalidArgument;
+  unsigned int version = 0;
+  std::memcpy(&version, info, 4);
+  if ((version >> 24) < 2 || (version & 0xFFFFFF) < 36)
+    return 25;  // NVML_ERROR_ARGUMENT_VERSION_MISMATCH
+  std::memset(info + 4, 0, 32);  // no cluster, no clique, NOT_SUPPORTED
+  return kNvmlSuccess;
 }
-RT int nvmlDeviceGetGpuFabricInfo(void* h, void*) {
+RT int nvmlDeviceGetGpuFabricInfo(void* h, unsigned char* info) {
   ENTER();
-  return NvmlIndex(h) < 0 ? kNvmlInvalidArgument : 3;
+  if (NvmlIndex(h) < 0 || info == nullptr) return kNvmlInvalidArgument;
+  std::memset(info, 0, 28);
+  return kNvmlSuccess;
+}
+
+// Field values (nvmlFieldValue_t: fieldId, scopeId, timestamp, latencyUsec,
+// valueType, nvmlReturn, an 8-byte value). The call succeeds; each field
+// the fake knows gets its value, every other one NVML_ERROR_NOT_SUPPORTED
+// in its own nvmlReturn, as NVML answers for a field a GPU lacks. Known:
+// NVML_FI_DEV_NVLINK_LINK_COUNT (91), 0, since the fake has no NVLink.
+struct NvmlFieldValue {
+  unsigned int field_id;
+  unsigned int scope_id;
+  long long timestamp;
+  long long latency_us;
+  int value_type;
+  int nvml_return;
+  unsigned long long value;
+};
+static_assert(sizeof(NvmlFieldValue) == 40, "nvmlFieldValue_t");
+RT int nvmlDeviceGetFieldValues(void* h, int count, NvmlFieldValue* values) {
+  ENTER();
+  if (NvmlIndex(h) < 0 || count < 0 || (count > 0 && values == nullptr))
+    return kNvmlInvalidArgument;
+  timespec ts{};
+  ::clock_gettime(CLOCK_REALTIME, &ts);
+  for (int i = 0; i < count; ++i) {
+    NvmlFieldValue& v = values[i];
+    v.timestamp = static_cast<long long>(ts.tv_sec) * 1000000 +
+                  ts.tv_nsec / 1000;
+    v.latency_us = 0;
+    v.value = 0;
+    if (v.field_id == 91) {  // NVML_FI_DEV_NVLINK_LINK_COUNT
+      v.value_type = 1;      // NVML_VALUE_TYPE_UNSIGNED_INT
+      v.nvml_return = kNvmlSuccess;
+    } else {
+      v.value_type = 0;
+      v.nvml_return = 3;  // NVML_ERROR_NOT_SUPPORTED
+    }
+  }
+  return kNvmlSuccess;
+}
+
+// Confidential computing (nvmlConfComputeSystemState_t: environment,
+// ccFeature, devToolsMode): unavailable, disabled, off.
+RT int nvmlSystemGetConfComputeState(unsigned int* state) {
+  ENTER();
+  if (state == nullptr) return kNvmlInvalidArgument;
+  state[0] = state[1] = state[2] = 0;
+  return kNvmlSuccess;
 }

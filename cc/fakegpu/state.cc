@@ -113,6 +113,8 @@ struct Counters {
   std::atomic<std::uint64_t> memset_dropped{0};
   std::atomic<std::uint64_t> copy_written{0};
   std::atomic<std::uint64_t> copy_dropped{0};
+  std::uint64_t graph_nodes[14] = {};  // by CUgraphNodeType, under mu
+  std::uint64_t graph_alloc_bytes = 0;
 };
 Counters& C() {
   static Counters* const c = new Counters();  // lives as long as the process
@@ -143,7 +145,18 @@ void WriteStats() {
                  static_cast<unsigned long long>(n));
     first = false;
   }
-  std::fprintf(f, "}, \"bytes\": {\"memset_written\": %llu, "
+  // Graph nodes made, by type (CUgraphNodeType's names, lower case).
+  static const char* const kNodeTypes[14] = {
+      "kernel", "memcpy", "memset", "host", "graph", "empty", "wait_event",
+      "event_record", "ext_semas_signal", "ext_semas_wait", "mem_alloc",
+      "mem_free", "batch_mem_op", "conditional"};
+  std::fprintf(f, "}, \"graph_nodes\": {");
+  for (int t = 0; t < 14; ++t)
+    std::fprintf(f, "%s\"%s\": %llu", t == 0 ? "" : ", ", kNodeTypes[t],
+                 static_cast<unsigned long long>(c.graph_nodes[t]));
+  std::fprintf(f, "}, \"graph_alloc_bytes\": %llu",
+               static_cast<unsigned long long>(c.graph_alloc_bytes));
+  std::fprintf(f, ", \"bytes\": {\"memset_written\": %llu, "
                "\"memset_dropped\": %llu, \"copy_written\": %llu, "
                "\"copy_dropped\": %llu}}\n",
                static_cast<unsigned long long>(c.memset_written.load()),
@@ -166,6 +179,14 @@ Memory& M() {
 thread_local int t_device = -1;
 
 }  // namespace
+
+void CountGraphNode(int type, std::size_t bytes) {
+  if (type < 0 || type >= 14) return;
+  Counters& c = C();
+  std::lock_guard<std::mutex> lock(c.mu);
+  ++c.graph_nodes[type];
+  c.graph_alloc_bytes += bytes;
+}
 
 const Options& Opts() {
   static const Options* const o = [] {

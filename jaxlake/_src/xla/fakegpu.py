@@ -193,13 +193,6 @@ def environment(environ: Dict[str, str], model: str, count: int,
         notice_extra = (f"jaxlake run: warning: JAX_PLATFORMS={platforms} "
                         "keeps the program off the fake GPU\n")
         env["JAXLAKE_FAKEGPU_NOTE"] = notice_extra
-    # The fake implements no CUDA graphs, so XLA's command buffers are off
-    # (unless the program's XLA_FLAGS set them); buffers are XLA's all the
-    # same (docs/design.md, "The fake GPU").
-    flags = environ.get("XLA_FLAGS", "")
-    if "--xla_gpu_enable_command_buffer" not in flags:
-        env["XLA_FLAGS"] = (flags + " " if flags else "") + \
-            "--xla_gpu_enable_command_buffer="
     nbytes = memory if memory is not None else MODELS[model][1]
     env[MEMORY_ENV] = str(nbytes)
     folder = library_dir(fake, shim)

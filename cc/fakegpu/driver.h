@@ -1,0 +1,151 @@
+// The fake driver's own state and helpers, shared by the files that
+// implement the driver API (README.md lists them by API area): devices and
+// contexts (device.cc), memory (memory.cc), streams and events (stream.cc),
+// modules and kernels (module.cc), graphs and stream capture (graph.cc), and
+// errors and entry points by name (driver.cc). Not a public header.
+#ifndef JAXLAKE_FAKEGPU_DRIVER_H_
+#define JAXLAKE_FAKEGPU_DRIVER_H_
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <set>
+#include <string>
+#include <unordered_map>
+#include <utility>
+#include <vector>
+
+#include "cc/fakegpu/fakegpu.h"
+#include "cc/vmm/cuda_types.h"
+
+// An implemented driver entry point: exported, returns CUresult.
+#define FAKE \
+  ::jaxlake::cuda::CUresult __attribute__((visibility("default")))
+#define ENTER() JAXLAKE_FAKEGPU_ENTER()
+
+namespace jaxlake::fakegpu::driver {
+
+using cuda::CUcontext;
+using cuda::CUmemoryPool;
+using cuda::CUresult;
+using cuda::CUstream;
+
+constexpr int kDriverVersion = 13000;
+constexpr std::size_t kGranularity = std::size_t{2} << 20;
+constexpr std::uintptr_t kContextBase = 0xC000;
+constexpr std::uintptr_t kPoolBase = 0x9000;
+constexpr CUresult CUDA_ERROR_INVALID_IMAGE = 200;
+constexpr CUresult CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED = 704;
+
+// The driver's state, under one lock.
+struct Driver {
+  std::mutex mu;
+  // devices and contexts
+  bool initialized = false;
+  std::vector<int> primary_refs;
+  std::set<std::pair<int, int>> peers;
+  // memory
+  struct Handle {
+    int device;
+    std::size_t size;
+  };
+  std::unordered_map<cuda::CUmemGenericAllocationHandle, Handle> handles;
+  struct Alloc {
+    int device;
+    std::size_t size;
+    bool pool;
+  };
+  std::unordered_map<cuda::CUdeviceptr, Alloc> allocs;  // cuMemAlloc, pools
+  std::unordered_map<std::uintptr_t, std::size_t> host_allocs;
+  std::vector<std::uint64_t> pool_used, pool_high, release_threshold;
+  // modules and kernels
+  struct Module {
+    std::map<std::string, std::size_t> symbols;  // from the image's ELF
+    std::map<std::string, std::pair<void*, std::size_t>> globals;
+  };
+  std::map<std::uintptr_t, Module> modules;
+  struct Function {
+    std::string name;
+    int attrs[16] = {};
+  };
+  std::unordered_map<std::uintptr_t, std::unique_ptr<Function>> functions;
+  std::uintptr_t next_module = 0x7000000;
+  std::uint64_t launches = 0;
+};
+Driver& D();
+
+inline int Count() { return Opts().count; }
+inline bool ValidDevice(int d) { return d >= 0 && d < Count(); }
+
+// Contexts and default pools are small integers, one a device.
+inline CUcontext ContextOf(int device) {
+  return reinterpret_cast<CUcontext>(kContextBase +
+                                     static_cast<std::uintptr_t>(device));
+}
+inline int DeviceOfContext(CUcontext ctx) {
+  const auto v = reinterpret_cast<std::uintptr_t>(ctx);
+  return v >= kContextBase && v < kContextBase + static_cast<unsigned>(Count())
+             ? static_cast<int>(v - kContextBase)
+             : -1;
+}
+inline CUmemoryPool PoolOf(int device) {
+  return reinterpret_cast<CUmemoryPool>(kPoolBase +
+                                        static_cast<std::uintptr_t>(device));
+}
+inline int DeviceOfPool(CUmemoryPool pool) {
+  const auto v = reinterpret_cast<std::uintptr_t>(pool);
+  return v >= kPoolBase && v < kPoolBase + static_cast<unsigned>(Count())
+             ? static_cast<int>(v - kPoolBase)
+             : -1;
+}
+
+// CUDA_ERROR_NOT_INITIALIZED before cuInit.
+CUresult NeedInit();
+// As NeedInit, and CUDA_ERROR_INVALID_CONTEXT without a current context;
+// else *device (when given) is the current device.
+CUresult NeedContext(int* device = nullptr);
+// The stream a handle names, for the calling thread's current device.
+Stream* StreamFor(CUstream s);
+
+// Stream capture (graph.cc). When `stream` is being captured, each
+// Capture* call records its work as a node of the capture's graph instead
+// of running it, sets *r and returns true; otherwise it returns false and
+// the caller runs the work.
+bool CaptureCopy(CUstream stream, void* dst, const void* src, std::size_t n,
+                 CUresult* r);
+bool CaptureMemset(CUstream stream, cuda::CUdeviceptr dst, unsigned value,
+                   unsigned element, std::size_t count, CUresult* r);
+bool CaptureHost(CUstream stream, void (*fn)(void*), void* data, CUresult* r);
+bool CaptureKernel(CUstream stream, void* f, CUresult* r);
+bool CaptureEventRecord(CUstream stream, cuda::CUevent event, CUresult* r);
+bool CaptureEventWait(CUstream stream, cuda::CUevent event, CUresult* r);
+// Other stream work (stream memory operations): a batch memory operation
+// node that runs `work` at each launch.
+bool CaptureMemOp(CUstream stream, std::function<void()> work, CUresult* r);
+// Stream-ordered allocation and free under capture: memory alloc and free
+// nodes.
+bool CaptureAlloc(CUstream stream, int device, std::size_t bytes,
+                  cuda::CUdeviceptr* out, CUresult* r);
+bool CaptureFree(CUstream stream, cuda::CUdeviceptr p, CUresult* r);
+// Frees a graph allocation outside its graph (cuMemFreeAsync, cuMemFree)
+// in `stream`'s order; false when `p` is no graph allocation.
+bool FreeGraphAllocation(cuda::CUdeviceptr p, CUstream stream);
+// A potentially unsafe call (cuMemAlloc, a synchronous copy, ...) while the
+// calling thread is prohibited from it by a capture (the rule of its
+// capture mode): CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and the thread's
+// captures are invalidated. Else CUDA_SUCCESS.
+CUresult CheckUnsafe();
+// A synchronisation or query of an event whose last record was captured
+// (it marks a place in a graph, not in any stream's work): as CheckSync,
+// for the capture it was recorded in.
+CUresult CheckEventSync(cuda::CUevent event);
+// A synchronisation or query of a capturing stream:
+// CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, and its capture is invalidated.
+CUresult CheckSync(CUstream stream);
+
+}  // namespace jaxlake::fakegpu::driver
+
+#endif  // JAXLAKE_FAKEGPU_DRIVER_H_

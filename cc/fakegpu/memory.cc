@@ -1,0 +1,663 @@
+// The fake driver's memory: VMM on memfd-backed host memory (jaxlake's
+// HostDriver), plain and pinned host allocations, pointer attributes,
+// copies and memsets in stream order, and the driver's own stream-ordered
+// pool.
+#include <algorithm>
+#include <cstdint>
+#include <mutex>
+
+#include "cc/fakegpu/driver.h"
+#include "cc/fakegpu/fakegpu.h"
+#include "cc/vmm/cuda_types.h"
+
+using namespace jaxlake::cuda;            // NOLINT: the driver's vocabulary
+using namespace jaxlake::fakegpu::driver;  // NOLINT: its shared state
+namespace fg = jaxlake::fakegpu;
+
+namespace {
+
+CUresult FromStatus(jaxlake::vmm::Status s) {
+  using jaxlake::vmm::Status;
+  switch (s) {
+    case Status::kOk:
+      return CUDA_SUCCESS;
+    case Status::kOutOfMemory:
+      return CUDA_ERROR_OUT_OF_MEMORY;
+    case Status::kNotReady:
+      return CUDA_ERROR_NOT_READY;
+    case Status::kNotSupported:
+      return CUDA_ERROR_NOT_SUPPORTED;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+// Whether [p, p+n) is memory the device may run a copy on later: device
+// memory and pinned host memory. Other (pageable) host memory is copied at
+// the call, as the driver stages it.
+bool Pinned(const void* p) {
+  fg::Range r;
+  return fg::FindRange(reinterpret_cast<std::uintptr_t>(p), &r);
+}
+
+// A copy in stream order; from or to pageable memory it completes before
+// the call returns, after the work before it.
+CUresult Copy(void* dst, const void* src, std::size_t n, CUstream stream) {
+  fg::Stream* s = StreamFor(stream);
+  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (n == 0) return CUDA_SUCCESS;
+  if (CUresult r = 0; CaptureCopy(stream, dst, src, n, &r)) return r;
+  if (Pinned(dst) && Pinned(src)) {
+    s->Enqueue([dst, src, n] { fg::Move(dst, src, n); });
+  } else {
+    s->Synchronize();
+    fg::Move(dst, src, n);
+  }
+  return CUDA_SUCCESS;
+}
+
+// A synchronous copy: after all work of the device, before the return.
+CUresult CopySync(void* dst, const void* src, std::size_t n) {
+  int dev = 0;
+  if (CUresult r = NeedContext(&dev); r != CUDA_SUCCESS) return r;
+  if (CUresult r = CheckUnsafe(); r != CUDA_SUCCESS) return r;
+  for (fg::Stream* s : fg::StreamsOf(dev)) s->Synchronize();
+  if (n != 0) fg::Move(dst, src, n);
+  return CUDA_SUCCESS;
+}
+
+template <typename T>
+CUresult Memset(CUdeviceptr dst, T value, std::size_t count, CUstream stream,
+                bool sync) {
+  if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  fg::Stream* s = StreamFor(stream);
+  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  if (sync) {
+    if (CUresult r = CheckUnsafe(); r != CUDA_SUCCESS) return r;
+  } else if (CUresult r = 0; CaptureMemset(stream, dst, value, sizeof(T),
+                                           count, &r)) {
+    return r;
+  }
+  s->Enqueue([dst, value, count] {
+    fg::Fill<T>(reinterpret_cast<void*>(dst), value, count);
+  });
+  if (sync) s->Synchronize();
+  return CUDA_SUCCESS;
+}
+
+}  // namespace
+
+extern "C" {
+
+// ---- virtual memory management ----------------------------------------------
+
+FAKE cuMemGetAllocationGranularity(std::size_t* granularity,
+                                   const CUmemAllocationProp* prop,
+                                   int option) {
+  ENTER();
+  if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  if (granularity == nullptr || prop == nullptr ||
+      prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+      !ValidDevice(prop->location.id) || option < 0 || option > 1)
+    return CUDA_ERROR_INVALID_VALUE;
+  *granularity = kGranularity;
+  return CUDA_SUCCESS;
+}
+
+FAKE cuMemAddressReserve(CUdeviceptr* ptr, std::size_t size,
+                         std::size_t alignment, CUdeviceptr /*addr*/,
+                         unsigned long long flags) {
+  ENTER();
+  if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  if (ptr == nullptr || flags != 0 || (alignment & (alignment - 1)) != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  std::uintptr_t va = 0;
+  const auto s = fg::Host().reserve(size, &va);
+  if (s != jaxlake::vmm::Status::kOk) return FromStatus(s);
+  *ptr = va;
+  const int dev = fg::CurrentDevice();
+  fg::AddRange({va, size, dev < 0 ? 0 : dev, fg::Kind::kReserved});
+  return CUDA_SUCCESS;
+}
+
+FAKE cuMemAddressFree(CUdeviceptr ptr, std::size_t size) {
+  ENTER();
+  if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  const auto s = fg::Host().address_free(ptr, size);
+  if (s == jaxlake::vmm::Status::kOk) fg::RemoveRange(ptr);
+  return FromStatus(s);
+}
+
+FAKE cuMemCreate(CUmemGenericAllocationHandle* handle, std::size_t size,
+                 const CUmemAllocationProp* prop, unsigned long long flags) {
+  ENTER();
+  if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  if (handle == nullptr || prop == nullptr || flags != 0 ||
+      prop->type != CU_MEM_ALLOCATION_TYPE_PINNED ||
+      prop->location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+      !ValidDevice(prop->location.id) || size == 0 ||
+      size % kGranularity != 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  const int dev = prop->location.id;
+  if (!fg::Charge(dev, size)) return CUDA_ERROR_OUT_OF_MEMORY;
+  jaxlake::vmm::Handle h = 0;
+  const auto s = fg::Host().create(size, &h);
+  if (s != jaxlake::vmm::Status::kOk) {
+    fg::Uncharge(dev, size);
+    return FromStatus(s);
+  }
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.handles[h] = Driver::Handle{dev, size};
+  *handle = h;
+  return CUDA_SUCCESS;
+}
+
+FAKE cuMemRelease(CUmemGenericAllocationHandle handle) {
+  ENTER();
+  if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  const auto s = fg::Host().release(handle);
+  if (s != jaxlake::vmm::Status::kOk) return FromStatus(s);
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.handles.find(handle);
+  if (it != d.handles.end()) {
+    fg::Uncharge(it->second.device, it->second.size);
+    d.handles.erase(it);
+  }
+  return CUDA_SUCCESS;
+}
+
+FAKE cuMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset,
+              CUmemGenericAllocationHandle handle, unsigned long long flags) {
+  ENTER();
+  if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  return FromStatus(fg::Host().map(ptr, size, offset, handle));
+}
+
+FAKE cuMemUnmap(CUdeviceptr ptr, std::size_t size) {
+  ENTER();
+  if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  return FromStatus(fg::Host().unmap(ptr, size));
+}
+
+FAKE cuMemSetAccess(CUdeviceptr ptr, std::size_t size,
+                    const CUmemAccessDesc* desc, std::size_t count) {
+  ENTER();
+  if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  if (desc == nullptr || count == 0) return CUDA_ERROR_INVALID_VALUE;
+  for (std::size_t i = 0; i < count; ++i) {
+    if (desc[i].location.type != CU_MEM_LOCATION_TYPE_DEVICE ||
+        !ValidDevice(desc[i].location.id))
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  return FromStatus(fg::Host().set_access(ptr, size));
+}
+
+// The devices have no multicast (CU_DEVICE_ATTRIBUTE_MULTICAST_SUPPORTED is
+// 0): the granularity query answers CUDA_ERROR_NOT_SUPPORTED, one of its
+// documented errors, once its arguments are valid.
+struct MulticastProp {  // CUmulticastObjectProp
+  unsigned int numDevices;
+  std::size_t size;
+  unsigned long long handleTypes;
+  unsigned long long flags;
+};
+FAKE cuMulticastGetGranularity(std::size_t* granularity,
+                               const MulticastProp* prop, int option) {
+  ENTER();
+  if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  if (granularity == nullptr || prop == nullptr || option < 0 || option > 1)
+    return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_ERROR_NOT_SUPPORTED;
+}
+
+// ---- plain allocations ------------------------------------------------------
+
+namespace {
+// `bytes` of device memory on `dev` (cuMemAlloc's, or the driver pool's when
+// `pool`): charged to the device, mapped lazily, and recorded.
+CUresult NewAllocation(int dev, std::size_t bytes, bool pool,
+                       CUdeviceptr* dptr) {
+  if (!fg::Charge(dev, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+  void* p = fg::MapAnonymous(bytes);
+  if (p == nullptr) {
+    fg::Uncharge(dev, bytes);
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
+  const auto v = reinterpret_cast<CUdeviceptr>(p);
+  fg::AddRange({v, bytes, dev, fg::Kind::kDevice, true});
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.allocs[v] = Driver::Alloc{dev, bytes, pool};
+  if (pool) {
+    d.pool_used[dev] += bytes;
+    d.pool_high[dev] = std::max(d.pool_high[dev], d.pool_used[dev]);
+  }
+  *dptr = v;
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+FAKE cuMemAlloc_v2(CUdeviceptr* dptr, std::size_t size) {
+  ENTER();
+  int dev = 0;
+  if (CUresult r = NeedContext(&dev); r != CUDA_SUCCESS) return r;
+  if (dptr == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  if (CUresult r = CheckUnsafe(); r != CUDA_SUCCESS) return r;
+  return NewAllocation(dev, (size + kGranularity - 1) / kGranularity *
+                                kGranularity, false, dptr);
+}
+
+FAKE cuMemFree_v2(CUdeviceptr dptr) {
+  ENTER();
+  if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  if (dptr == 0) return CUDA_SUCCESS;
+  if (CUresult r = CheckUnsafe(); r != CUDA_SUCCESS) return r;
+  Driver::Alloc a{};
+  {
+    Driver& d = D();
+    std::unique_lock<std::mutex> lock(d.mu);
+    auto it = d.allocs.find(dptr);
+    if (it == d.allocs.end()) {
+      // A graph's allocation (graph.cc, whose lock is taken before this
+      // one elsewhere): freed in the device's order.
+      lock.unlock();
+      if (!FreeGraphAllocation(dptr, nullptr)) return CUDA_ERROR_INVALID_VALUE;
+      const int dev = fg::CurrentDevice();
+      for (fg::Stream* s : fg::StreamsOf(dev < 0 ? 0 : dev)) s->Synchronize();
+      return CUDA_SUCCESS;
+    }
+    if (it->second.pool) return CUDA_ERROR_INVALID_VALUE;
+    a = it->second;
+    d.allocs.erase(it);
+  }
+  // The driver synchronises the device before freeing.
+  for (fg::Stream* s : fg::StreamsOf(a.device)) s->Synchronize();
+  fg::RemoveRange(dptr);
+  fg::UnmapAnonymous(reinterpret_cast<void*>(dptr), a.size);
+  fg::Uncharge(a.device, a.size);
+  return CUDA_SUCCESS;
+}
+
+FAKE cuMemHostAlloc(void** pp, std::size_t size, unsigned int /*flags*/) {
+  ENTER();
+  if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  if (pp == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  void* p = fg::MapAnonymous(size);
+  if (p == nullptr) return CUDA_ERROR_OUT_OF_MEMORY;
+  const auto v = reinterpret_cast<std::uintptr_t>(p);
+  fg::AddRange({v, size, 0, fg::Kind::kHost, true});
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  d.host_allocs[v] = size;
+  *pp = p;
+  return CUDA_SUCCESS;
+}
+
+FAKE cuMemAllocHost_v2(void** pp, std::size_t size) {
+  return cuMemHostAlloc(pp, size, 0);
+}
+
+FAKE cuMemFreeHost(void* p) {
+  ENTER();
+  std::size_t size = 0;
+  {
+    Driver& d = D();
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.host_allocs.find(reinterpret_cast<std::uintptr_t>(p));
+    if (it == d.host_allocs.end()) return CUDA_ERROR_INVALID_VALUE;
+    size = it->second;
+    d.host_allocs.erase(it);
+  }
+  fg::RemoveRange(reinterpret_cast<std::uintptr_t>(p));
+  fg::UnmapAnonymous(p, size);
+  return CUDA_SUCCESS;
+}
+
+FAKE cuMemHostGetDevicePointer_v2(CUdeviceptr* dptr, void* p,
+                                  unsigned int flags) {
+  ENTER();
+  if (dptr == nullptr || flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  *dptr = reinterpret_cast<CUdeviceptr>(p);  // one address space
+  return CUDA_SUCCESS;
+}
+
+FAKE cuMemHostRegister_v2(void* p, std::size_t size, unsigned int /*flags*/) {
+  ENTER();
+  if (p == nullptr || size == 0) return CUDA_ERROR_INVALID_VALUE;
+  fg::AddRange({reinterpret_cast<std::uintptr_t>(p), size, 0,
+                fg::Kind::kHost});
+  return CUDA_SUCCESS;
+}
+
+FAKE cuMemHostUnregister(void* p) {
+  ENTER();
+  fg::RemoveRange(reinterpret_cast<std::uintptr_t>(p));
+  return CUDA_SUCCESS;
+}
+
+FAKE cuMemGetAddressRange_v2(CUdeviceptr* base, std::size_t* size,
+                             CUdeviceptr p) {
+  ENTER();
+  fg::Range r;
+  if (!fg::FindRange(p, &r)) return CUDA_ERROR_NOT_FOUND;
+  if (base != nullptr) *base = r.base;
+  if (size != nullptr) *size = r.size;
+  return CUDA_SUCCESS;
+}
+
+namespace {
+// One pointer attribute (CUpointer_attribute) of `p`.
+CUresult PointerAttribute(void* data, int attribute, CUdeviceptr p,
+                          bool lenient) {
+  fg::Range r;
+  const bool known = fg::FindRange(p, &r);
+  if (!known && !lenient) return CUDA_ERROR_INVALID_VALUE;
+  const bool device = known && r.kind != fg::Kind::kHost;
+  switch (attribute) {
+    case 1:  // CONTEXT
+      *static_cast<CUcontext*>(data) = known ? ContextOf(r.device) : nullptr;
+      break;
+    case 2:  // MEMORY_TYPE: 0 unknown, 1 host, 2 device
+      *static_cast<unsigned*>(data) = !known ? 0 : device ? 2 : 1;
+      break;
+    case 3:  // DEVICE_POINTER
+    case 4:  // HOST_POINTER
+      *static_cast<CUdeviceptr*>(data) = known ? p : 0;
+      break;
+    case 6:   // SYNC_MEMOPS
+    case 8:   // IS_MANAGED
+    case 10:  // IS_LEGACY_CUDA_IPC_CAPABLE
+    case 15:  // IS_GPU_DIRECT_RDMA_CAPABLE
+      *static_cast<int*>(data) = 0;
+      break;
+    case 13:  // MAPPED
+      *static_cast<int*>(data) = known ? 1 : 0;
+      break;
+    case 7:   // BUFFER_ID
+    case 20:  // MEMORY_BLOCK_ID
+      *static_cast<unsigned long long*>(data) = known ? r.base : 0;
+      break;
+    case 9:  // DEVICE_ORDINAL
+      *static_cast<int*>(data) = known ? r.device : -2;
+      break;
+    case 11:  // RANGE_START_ADDR
+    case 19:  // MAPPING_BASE_ADDR
+      *static_cast<CUdeviceptr*>(data) = known ? r.base : 0;
+      break;
+    case 12:  // RANGE_SIZE
+    case 18:  // MAPPING_SIZE
+      *static_cast<std::size_t*>(data) = known ? r.size : 0;
+      break;
+    case 16:  // ACCESS_FLAGS: PROT_READWRITE
+      *static_cast<int*>(data) = known ? 3 : 0;
+      break;
+    case 14:  // ALLOWED_HANDLE_TYPES
+      *static_cast<unsigned long long*>(data) = 0;
+      break;
+    case 17:  // MEMPOOL_HANDLE
+      *static_cast<void**>(data) = nullptr;
+      break;
+    default:
+      if (!lenient) return CUDA_ERROR_INVALID_VALUE;
+  }
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+FAKE cuPointerGetAttribute(void* data, int attribute, CUdeviceptr p) {
+  ENTER();
+  if (data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  return PointerAttribute(data, attribute, p, false);
+}
+
+FAKE cuPointerGetAttributes(unsigned int n, int* attributes, void** data,
+                            CUdeviceptr p) {
+  ENTER();
+  if (attributes == nullptr || data == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  for (unsigned i = 0; i < n; ++i)
+    if (data[i] != nullptr) PointerAttribute(data[i], attributes[i], p, true);
+  return CUDA_SUCCESS;
+}
+
+// ---- copies and memsets -----------------------------------------------------
+
+FAKE cuMemcpyHtoD_v2(CUdeviceptr dst, const void* src, std::size_t n) {
+  ENTER();
+  return CopySync(reinterpret_cast<void*>(dst), src, n);
+}
+FAKE cuMemcpyDtoH_v2(void* dst, CUdeviceptr src, std::size_t n) {
+  ENTER();
+  return CopySync(dst, reinterpret_cast<const void*>(src), n);
+}
+FAKE cuMemcpyDtoD_v2(CUdeviceptr dst, CUdeviceptr src, std::size_t n) {
+  ENTER();
+  return CopySync(reinterpret_cast<void*>(dst),
+                  reinterpret_cast<const void*>(src), n);
+}
+FAKE cuMemcpy(CUdeviceptr dst, CUdeviceptr src, std::size_t n) {
+  ENTER();
+  return CopySync(reinterpret_cast<void*>(dst),
+                  reinterpret_cast<const void*>(src), n);
+}
+
+FAKE cuMemcpyHtoDAsync_v2(CUdeviceptr dst, const void* src, std::size_t n,
+                          CUstream s) {
+  ENTER();
+  if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  return Copy(reinterpret_cast<void*>(dst), src, n, s);
+}
+FAKE cuMemcpyDtoHAsync_v2(void* dst, CUdeviceptr src, std::size_t n,
+                          CUstream s) {
+  ENTER();
+  if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  return Copy(dst, reinterpret_cast<const void*>(src), n, s);
+}
+FAKE cuMemcpyDtoDAsync_v2(CUdeviceptr dst, CUdeviceptr src, std::size_t n,
+                          CUstream s) {
+  ENTER();
+  if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  return Copy(reinterpret_cast<void*>(dst),
+              reinterpret_cast<const void*>(src), n, s);
+}
+FAKE cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, std::size_t n,
+                   CUstream s) {
+  ENTER();
+  if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  return Copy(reinterpret_cast<void*>(dst),
+              reinterpret_cast<const void*>(src), n, s);
+}
+FAKE cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext /*dst_ctx*/, CUdeviceptr src,
+                       CUcontext /*src_ctx*/, std::size_t n, CUstream s) {
+  ENTER();
+  if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  return Copy(reinterpret_cast<void*>(dst),
+              reinterpret_cast<const void*>(src), n, s);
+}
+FAKE cuMemcpyPeer(CUdeviceptr dst, CUcontext /*dst_ctx*/, CUdeviceptr src,
+                  CUcontext /*src_ctx*/, std::size_t n) {
+  ENTER();
+  return CopySync(reinterpret_cast<void*>(dst),
+                  reinterpret_cast<const void*>(src), n);
+}
+
+FAKE cuMemsetD8Async(CUdeviceptr dst, unsigned char v, std::size_t n,
+                     CUstream s) {
+  ENTER();
+  return Memset<unsigned char>(dst, v, n, s, false);
+}
+FAKE cuMemsetD16Async(CUdeviceptr dst, unsigned short v, std::size_t n,
+                      CUstream s) {
+  ENTER();
+  return Memset<unsigned short>(dst, v, n, s, false);
+}
+FAKE cuMemsetD32Async(CUdeviceptr dst, unsigned int v, std::size_t n,
+                      CUstream s) {
+  ENTER();
+  return Memset<unsigned int>(dst, v, n, s, false);
+}
+FAKE cuMemsetD8_v2(CUdeviceptr dst, unsigned char v, std::size_t n) {
+  ENTER();
+  return Memset<unsigned char>(dst, v, n, nullptr, true);
+}
+FAKE cuMemsetD16_v2(CUdeviceptr dst, unsigned short v, std::size_t n) {
+  ENTER();
+  return Memset<unsigned short>(dst, v, n, nullptr, true);
+}
+FAKE cuMemsetD32_v2(CUdeviceptr dst, unsigned int v, std::size_t n) {
+  ENTER();
+  return Memset<unsigned int>(dst, v, n, nullptr, true);
+}
+
+// ---- the driver's own stream-ordered pool -----------------------------------
+
+FAKE cuDeviceGetDefaultMemPool(CUmemoryPool* pool, CUdevice device) {
+  ENTER();
+  if (pool == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (!ValidDevice(device)) return CUDA_ERROR_INVALID_DEVICE;
+  *pool = PoolOf(device);
+  return CUDA_SUCCESS;
+}
+
+FAKE cuDeviceGetMemPool(CUmemoryPool* pool, CUdevice device) {
+  return cuDeviceGetDefaultMemPool(pool, device);
+}
+
+namespace {
+CUresult PoolAlloc(CUdeviceptr* dptr, std::size_t size, CUmemoryPool pool,
+                   CUstream stream) {
+  if (CUresult r = NeedContext(); r != CUDA_SUCCESS) return r;
+  const int dev = DeviceOfPool(pool);
+  if (dptr == nullptr || size == 0 || dev < 0) return CUDA_ERROR_INVALID_VALUE;
+  if (StreamFor(stream) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  // Under capture: a memory alloc node of the capture's graph.
+  if (CUresult r = 0; CaptureAlloc(stream, dev, size, dptr, &r)) return r;
+  return NewAllocation(dev, (size + 511) / 512 * 512, true, dptr);
+}
+
+CUresult PoolFree(CUdeviceptr dptr, CUstream stream) {
+  if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  fg::Stream* s = StreamFor(stream);
+  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  // Under capture: a memory free node (of a graph allocation only).
+  if (CUresult r = 0; CaptureFree(stream, dptr, &r)) return r;
+  Driver::Alloc a{};
+  {
+    Driver& d = D();
+    std::unique_lock<std::mutex> lock(d.mu);
+    auto it = d.allocs.find(dptr);
+    if (it == d.allocs.end()) {
+      lock.unlock();
+      return FreeGraphAllocation(dptr, stream) ? CUDA_SUCCESS
+                                               : CUDA_ERROR_INVALID_VALUE;
+    }
+    if (!it->second.pool) return CUDA_ERROR_INVALID_VALUE;
+    a = it->second;
+    d.allocs.erase(it);
+    d.pool_used[a.device] -= a.size;
+  }
+  fg::RemoveRange(dptr);
+  // The memory goes back once the stream's work before the free has run.
+  s->Enqueue([dptr, a] {
+    fg::UnmapAnonymous(reinterpret_cast<void*>(dptr), a.size);
+    fg::Uncharge(a.device, a.size);
+  });
+  return CUDA_SUCCESS;
+}
+}  // namespace
+
+FAKE cuMemAllocFromPoolAsync(CUdeviceptr* dptr, std::size_t size,
+                             CUmemoryPool pool, CUstream stream) {
+  ENTER();
+  return PoolAlloc(dptr, size, pool, stream);
+}
+FAKE cuMemAllocFromPoolAsync_ptsz(CUdeviceptr* dptr, std::size_t size,
+                                  CUmemoryPool pool, CUstream stream) {
+  ENTER();
+  return PoolAlloc(dptr, size, pool, stream);
+}
+FAKE cuMemAllocAsync(CUdeviceptr* dptr, std::size_t size, CUstream stream) {
+  ENTER();
+  fg::Stream* s = StreamFor(stream);
+  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  return PoolAlloc(dptr, size, PoolOf(s->device()), stream);
+}
+FAKE cuMemFreeAsync(CUdeviceptr dptr, CUstream stream) {
+  ENTER();
+  return PoolFree(dptr, stream);
+}
+FAKE cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
+  ENTER();
+  return PoolFree(dptr, stream);
+}
+
+FAKE cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void* value) {
+  ENTER();
+  const int dev = DeviceOfPool(pool);
+  if (dev < 0 || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto* out = static_cast<cuuint64_t*>(value);
+  switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+      *static_cast<int*>(value) = 1;
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+      *out = d.release_threshold[dev];
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+      *out = d.pool_used[dev];
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+      *out = d.pool_high[dev];
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+FAKE cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void* value) {
+  ENTER();
+  const int dev = DeviceOfPool(pool);
+  if (dev < 0 || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  switch (attr) {
+    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+      d.release_threshold[dev] = *static_cast<const cuuint64_t*>(value);
+      return CUDA_SUCCESS;
+    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+      d.pool_high[dev] = d.pool_used[dev];
+      return CUDA_SUCCESS;
+    default:
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+}
+
+FAKE cuMemPoolTrimTo(CUmemoryPool pool, std::size_t /*keep*/) {
+  ENTER();
+  return DeviceOfPool(pool) < 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+}
+
+FAKE cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* desc,
+                        std::size_t count) {
+  ENTER();
+  if (DeviceOfPool(pool) < 0 || (desc == nullptr && count != 0))
+    return CUDA_ERROR_INVALID_VALUE;
+  return CUDA_SUCCESS;
+}
+
+
+}  // extern "C"

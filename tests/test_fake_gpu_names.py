@@ -1,0 +1,141 @@
+"""Entry points of the fake GPU that answer as a GPU without the feature
+would (cc/fakegpu: runtime.cc, memory.cc, device.cc): the calls succeed or
+return the error NVIDIA's headers document, and none of them is a "not
+supported" stub (which would name itself on stderr).
+
+Each case calls libjaxlake_fakegpu.so through ctypes in a fresh
+interpreter, with the structures laid out as NVIDIA's public headers
+declare them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+from typing import Dict
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def _library() -> str:
+    from jaxlake._src.xla import fakegpu
+    return fakegpu.library_path()
+
+
+def _skip_reason() -> str:
+    if sys.platform != "linux":
+        return "the fake GPU is built on Linux only"
+    if not os.path.isfile(_library()):
+        return f"this build has no fake GPU ({_library()})"
+    return ""
+
+
+pytestmark = pytest.mark.skipif(_skip_reason() != "",
+                                reason=_skip_reason() or "-")
+
+
+def run_case(script: str) -> subprocess.CompletedProcess:
+    prelude = """
+import ctypes, json, sys
+lib = ctypes.CDLL(sys.argv[1])
+def report(**kw):
+    print("RESULT " + json.dumps(kw), flush=True)
+"""
+    env = dict(os.environ)
+    env["JAXLAKE_FAKEGPU_LOG"] = "stderr"
+    return subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(script), _library()],
+        env=env, capture_output=True, text=True, timeout=120, cwd=str(ROOT))
+
+
+def result(proc: subprocess.CompletedProcess) -> Dict:
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+    assert "not supported by the fake" not in proc.stderr, proc.stderr
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return dict(json.loads(lines[-1][len("RESULT "):]))
+
+
+def test_runtime_stream_priority_range() -> None:
+    out = result(run_case("""
+    least, greatest = ctypes.c_int(7), ctypes.c_int(7)
+    r = lib.cudaDeviceGetStreamPriorityRange(ctypes.byref(least),
+                                             ctypes.byref(greatest))
+    dl, dg = ctypes.c_int(7), ctypes.c_int(7)
+    lib.cuCtxGetStreamPriorityRange(ctypes.byref(dl), ctypes.byref(dg))
+    report(r=r, least=least.value, greatest=greatest.value,
+           driver=[dl.value, dg.value])
+    """))
+    assert out["r"] == 0
+    assert [out["least"], out["greatest"]] == out["driver"] == [0, -5]
+
+
+def test_no_multicast_attribute_and_granularity() -> None:
+    out = result(run_case("""
+    assert lib.cuInit(0) == 0
+    v = ctypes.c_int(-1)
+    attr = lib.cuDeviceGetAttribute(ctypes.byref(v), 132, 0)
+    class Prop(ctypes.Structure):  # CUmulticastObjectProp
+        _fields_ = [("numDevices", ctypes.c_uint), ("size", ctypes.c_size_t),
+                    ("handleTypes", ctypes.c_ulonglong),
+                    ("flags", ctypes.c_ulonglong)]
+    g = ctypes.c_size_t(0)
+    prop = Prop(numDevices=1, size=2 << 20)
+    r = lib.cuMulticastGetGranularity(ctypes.byref(g), ctypes.byref(prop), 1)
+    bad = lib.cuMulticastGetGranularity(None, ctypes.byref(prop), 1)
+    report(attr=attr, supported=v.value, r=r, bad=bad)
+    """))
+    assert out["attr"] == 0 and out["supported"] == 0
+    assert out["r"] == 801   # CUDA_ERROR_NOT_SUPPORTED
+    assert out["bad"] == 1   # CUDA_ERROR_INVALID_VALUE
+
+
+def test_nvml_fabric_field_values_and_confidential_computing() -> None:
+    out = result(run_case("""
+    assert lib.nvmlInit_v2() == 0
+    h = ctypes.c_void_p()
+    assert lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)) == 0
+    # nvmlGpuFabricInfo_v2_t, state preset as XLA presets it
+    class FabricV2(ctypes.Structure):
+        _fields_ = [("version", ctypes.c_uint),
+                    ("uuid", ctypes.c_ubyte * 16), ("status", ctypes.c_int),
+                    ("clique", ctypes.c_uint), ("state", ctypes.c_ubyte),
+                    ("health", ctypes.c_uint)]
+    assert ctypes.sizeof(FabricV2) == 36
+    f = FabricV2(version=36 | 2 << 24, state=9, clique=7)
+    fabric = lib.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(f))
+    old = FabricV2(version=28 | 1 << 24)
+    fabric_old_version = lib.nvmlDeviceGetGpuFabricInfoV(h, ctypes.byref(old))
+    class Field(ctypes.Structure):  # nvmlFieldValue_t
+        _fields_ = [("fieldId", ctypes.c_uint), ("scopeId", ctypes.c_uint),
+                    ("timestamp", ctypes.c_longlong),
+                    ("latencyUsec", ctypes.c_longlong),
+                    ("valueType", ctypes.c_int), ("nvmlReturn", ctypes.c_int),
+                    ("value", ctypes.c_ulonglong)]
+    fields = (Field * 2)()
+    fields[0].fieldId = 91      # NVML_FI_DEV_NVLINK_LINK_COUNT
+    fields[1].fieldId = 186     # NVML_FI_DEV_POWER_INSTANT
+    fields[0].value = fields[1].value = 99
+    fv = lib.nvmlDeviceGetFieldValues(h, 2, fields)
+    fv_bad = lib.nvmlDeviceGetFieldValues(ctypes.c_void_p(12345), 1, fields)
+    cc = (ctypes.c_uint * 3)(5, 5, 5)
+    conf = lib.nvmlSystemGetConfComputeState(cc)
+    report(fabric=fabric, state=f.state, clique=f.clique,
+           fabric_old_version=fabric_old_version,
+           fv=fv, fv_bad=fv_bad,
+           returns=[fields[0].nvmlReturn, fields[1].nvmlReturn],
+           links=fields[0].value, stamped=fields[0].timestamp > 0,
+           conf=conf, cc=list(cc))
+    """))
+    assert out["fabric"] == 0 and out["state"] == 0 and out["clique"] == 0
+    assert out["fabric_old_version"] == 25  # ARGUMENT_VERSION_MISMATCH
+    assert out["fv"] == 0 and out["fv_bad"] == 2
+    assert out["returns"] == [0, 3] and out["links"] == 0
+    assert out["stamped"]
+    assert out["conf"] == 0 and out["cc"] == [0, 0, 0]
