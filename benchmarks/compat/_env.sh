@@ -3,6 +3,9 @@
 # goes (one file a run). run_row NAME COUNT CMD... runs CMD under
 # `jaxlake run --fake-gpu` on COUNT fake devices, keeps its output in
 # $LOGS/NAME.log, and prints NAME, the exit status and the lake's exit report.
+# CONTROL=1 runs the same command without jaxlake on JAX's CPU backend
+# (JAX_PLATFORMS=cpu), into $LOGS/NAME.cpu.log: a failure there is the
+# program's own.
 set -u
 HERE="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 REPO="$(cd "$HERE/../.." && pwd)"
@@ -14,10 +17,17 @@ run_row() {
   local name="$1" count="$2"; shift 2
   local log="$LOGS/$name.log" rc start end
   start=$(date +%s)
-  echo "== $name ($count device(s)): $*" > "$log"
-  "$VENV/bin/jaxlake" run --fake-gpu --fake-gpu-count "$count" -- "$@" \
-    >> "$log" 2>&1
-  rc=$?
+  if [ "${CONTROL:-0}" = 1 ]; then
+    log="$LOGS/$name.cpu.log"
+    echo "== $name (CPU, no jaxlake): $*" > "$log"
+    JAX_PLATFORMS=cpu "$@" >> "$log" 2>&1
+    rc=$?
+  else
+    echo "== $name ($count device(s)): $*" > "$log"
+    "$VENV/bin/jaxlake" run --fake-gpu --fake-gpu-count "$count" -- "$@" \
+      >> "$log" 2>&1
+    rc=$?
+  fi
   end=$(date +%s)
   echo "== exit $rc, $((end - start)) s" >> "$log"
   echo "$name: exit $rc ($((end - start)) s), log $log"
