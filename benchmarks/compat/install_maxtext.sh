@@ -9,7 +9,7 @@
 source "$(dirname "$0")/_env.sh"
 set -e
 VENV="${1:-$SRC/venv312}"
-PY="${PYTHON312:-python3.12}"
+PY="${PYTHON312:-python3.12}"   # PYTHON312=/path/to/python3.12 where it is not on PATH
 "$PY" -m venv "$VENV"
 "$VENV/bin/pip" install -q scikit-build-core nanobind
 "$VENV/bin/pip" download -q maxtext==0.2.5 --no-deps -d "$SRC"
@@ -20,7 +20,9 @@ with zipfile.ZipFile(sys.argv[1]) as z:
     for line in z.read(meta).decode().splitlines():
         if not line.startswith("Requires-Dist:") or "extra == 'cuda12'" not in line:
             continue
-        req = line.split(":", 1)[1].split(";", 1)[0].strip()
+        req = line.split(":", 1)[1].strip()
+        req = req.replace(" and extra == 'cuda12'", "")
+        req = req.replace("; extra == 'cuda12'", "")
         if not req.startswith("transformer-engine"):
             print(req)
 PY
