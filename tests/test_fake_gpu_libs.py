@@ -211,6 +211,16 @@ print("name:", lib.cudnnGetErrorString(2010).decode())
     assert out["name"] == "CUDNN_STATUS_BAD_PARAM_ATTRIBUTE_TYPE"
 
 
+def test_cudnn_sub_library_version_checks_succeed() -> None:
+    # XLA calls these when it starts cuDNN 9; the stubs answered
+    # NOT_SUPPORTED (3000) and named each call on stderr.
+    out = results(run(CUDNN + r"""
+for name in ("Graph", "Ops", "Cnn", "Adv"):
+    print(name + ":", getattr(lib, f"cudnn{name}VersionCheck")())
+"""))
+    assert out == {"Graph": "0", "Ops": "0", "Cnn": "0", "Adv": "0"}
+
+
 def test_cudnn_heuristics_plan_workspace_and_json_round_trip() -> None:
     out = results(run(CUDNN + r"""
 count, cfg, plan = plan_of(graph)

@@ -654,6 +654,14 @@ LIB std::size_t cudnnGetVersion() {
 LIB std::size_t cudnnGetCudartVersion() { return Cuda13() ? 13000 : 12090; }
 LIB std::size_t cudnnGetMaxDeviceVersion() { return 1200; }
 
+// cuDNN 9's sub-libraries (graph, ops, cnn, adv) check that their versions
+// agree; XLA calls these when it starts cuDNN. The fake is one library, so
+// they always agree.
+LIB int cudnnGraphVersionCheck() { return kSuccess; }
+LIB int cudnnOpsVersionCheck() { return kSuccess; }
+LIB int cudnnCnnVersionCheck() { return kSuccess; }
+LIB int cudnnAdvVersionCheck() { return kSuccess; }
+
 LIB int cudnnGetProperty(int type, int* value) {
   ENTER();
   if (value == nullptr) return kNullPointer;
