@@ -17,6 +17,10 @@ import pytest
 
 import jaxlake
 
+# The tests' shared helpers (fakegpu_util.py) sit beside this file; pytest's
+# importlib mode puts no test folder on sys.path.
+sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent))
+
 MIB = 1 << 20
 
 #: Backends with simulated streams that run on any machine.

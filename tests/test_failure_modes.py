@@ -8,74 +8,21 @@ modes") says what the guard is.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import pathlib
-import subprocess
-import sys
-import textwrap
-from typing import Dict, List, Optional
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-JAXLAKE = str(pathlib.Path(sys.executable).with_name("jaxlake"))
+from fakegpu_util import PRELUDE, fake_run, jax_reason, result
 
-
-def _plugin_reason() -> Optional[str]:
-    if sys.platform != "linux" or os.uname().machine != "x86_64":
-        return "the fake GPU and the shim are built on x86-64 Linux only"
-    for mod in ("jax", "jax_plugins.xla_cuda12"):
-        try:
-            if importlib.util.find_spec(mod) is None:
-                return (f"{mod} is not installed (the test extra installs "
-                        "jax[cuda12-local] on Python 3.11 and newer)")
-        except (ImportError, ValueError):
-            return f"{mod} cannot be imported"
-    from jaxlake._src.xla import fakegpu
-    if not os.path.isfile(fakegpu.library_path()):
-        return f"this build has no fake GPU ({fakegpu.library_path()})"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_plugin_reason() is not None,
-                                reason=str(_plugin_reason()))
-
-
-def fake_run(script: str, *, args: List[str] = (),
-             env: Dict[str, str] = {}) -> subprocess.CompletedProcess:
-    """Runs a Python script under `jaxlake run --fake-gpu ARGS`."""
-    full = dict(os.environ)
-    for var in ("JAX_PLATFORMS", "XLA_FLAGS", "LD_PRELOAD", "JAXLAKE"):
-        full.pop(var, None)
-    full["XLA_FLAGS"] = "--xla_gpu_autotune_level=0"  # kernels do not run
-    full.update(env)
-    return subprocess.run([JAXLAKE, "run", "--fake-gpu", *args, "--",
-                           sys.executable, "-c", textwrap.dedent(script)],
-                          env=full, capture_output=True, text=True,
-                          timeout=300, cwd=str(ROOT))
-
-
-def result(proc: subprocess.CompletedProcess) -> Dict:
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return dict(json.loads(lines[-1][len("RESULT "):]))
+pytestmark = pytest.mark.skipif(jax_reason() is not None,
+                                reason=str(jax_reason()))
 
 
 #: Address space a lake reserves at most, in capacities a device, and live
 #: mappings a device (docs/design.md, "Failure modes", item 6).
 RESERVE_BOUND = 8
 MAPPINGS_BOUND = 400
-
-PRELUDE = """
-import json, numpy as np, jax, jax.numpy as jnp, jaxlake
-def served(name):
-    return jaxlake.hook_counts().get(name, {})
-def report(**kw):
-    print("RESULT " + json.dumps(kw), flush=True)
-"""
 
 # A stitched buffer: twenty 40 MiB buffers, every other one freed, then a
 # 320 MiB array that no free piece holds, on a 1 GiB lake.

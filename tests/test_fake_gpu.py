@@ -12,74 +12,21 @@ never a stand-in for a GPU figure (benchmarks/gpu/check.sh is that).
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
 import os
 import pathlib
 import re
 import subprocess
 import sys
-import textwrap
 from typing import Dict, List, Optional
 
 import pytest
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-JAXLAKE = str(pathlib.Path(sys.executable).with_name("jaxlake"))
+from fakegpu_util import (JAXLAKE, PRELUDE, ROOT, fake_run, jax_reason,
+                          result)
 
-
-def _plugin_reason() -> Optional[str]:
-    if sys.platform != "linux" or os.uname().machine != "x86_64":
-        return "the fake GPU and the shim are built on x86-64 Linux only"
-    for mod in ("jax", "jax_plugins.xla_cuda12"):
-        try:
-            if importlib.util.find_spec(mod) is None:
-                return (f"{mod} is not installed (the test extra installs "
-                        "jax[cuda12-local] on Python 3.11 and newer)")
-        except (ImportError, ValueError):
-            return f"{mod} cannot be imported"
-    from jaxlake._src.xla import fakegpu
-    if not os.path.isfile(fakegpu.library_path()):
-        return f"this build has no fake GPU ({fakegpu.library_path()})"
-    return None
-
-
-pytestmark = pytest.mark.skipif(_plugin_reason() is not None,
-                                reason=str(_plugin_reason()))
-
-
-def fake_run(script: str, *, args: List[str] = (), env: Dict[str, str] = {},
-             argv: Optional[List[str]] = None, timeout: int = 300
-             ) -> subprocess.CompletedProcess:
-    """Runs a Python script (or argv) under `jaxlake run --fake-gpu`."""
-    full = dict(os.environ)
-    for var in ("JAX_PLATFORMS", "XLA_FLAGS", "LD_PRELOAD", "JAXLAKE"):
-        full.pop(var, None)
-    # Autotuning runs each candidate kernel (here, none of them do
-    # anything): off, to keep the tests short on two cores.
-    full["XLA_FLAGS"] = "--xla_gpu_autotune_level=0"
-    full.update(env)
-    command = argv if argv is not None else [
-        sys.executable, "-c", textwrap.dedent(script)]
-    return subprocess.run([JAXLAKE, "run", "--fake-gpu", *args, "--",
-                           *command], env=full, capture_output=True,
-                          text=True, timeout=timeout, cwd=str(ROOT))
-
-
-def result(proc: subprocess.CompletedProcess) -> Dict:
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return dict(json.loads(lines[-1][len("RESULT "):]))
-
-
-PRELUDE = """
-import json, numpy as np, jax, jax.numpy as jnp, jaxlake
-def served(name):
-    return jaxlake.hook_counts().get(name, {})
-def report(**kw):
-    print("RESULT " + json.dumps(kw), flush=True)
-"""
+pytestmark = pytest.mark.skipif(jax_reason() is not None,
+                                reason=str(jax_reason()))
 
 
 def test_devices_round_trip_and_jit_output_from_the_lake() -> None:
@@ -201,9 +148,10 @@ def _pool_calls_reaching_the_fake(stats: pathlib.Path) -> Dict[str, int]:
 def test_train_lm_tiny_every_pool_buffer_served(tmp_path: pathlib.Path
                                                 ) -> None:
     trace, stats = tmp_path / "tiny.jsonl", tmp_path / "fake.json"
-    proc = fake_run("", args=["--trace", str(trace)], argv=[
+    proc = fake_run([
         sys.executable, str(ROOT / "examples" / "train_lm.py"), "--preset",
         "tiny", "--steps", "3", "--attention", "xla"],
+        args=["--trace", str(trace)],
         env={"JAXLAKE_FAKEGPU_STATS": str(stats)}, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert _checked_trace(trace, 1) > 20
@@ -259,11 +207,11 @@ def _sizes_and_peak(path: pathlib.Path) -> "tuple[collections.Counter[int], int]
 
 def test_train_sharded_two_fake_devices(tmp_path: pathlib.Path) -> None:
     trace, stats = tmp_path / "sharded.jsonl", tmp_path / "fake.json"
-    proc = fake_run("", args=["--fake-gpu-count", "2", "--trace",
-                              str(trace)], argv=[
+    proc = fake_run([
         sys.executable, str(ROOT / "examples" / "train_sharded.py"),
         "--layout", "data", "--preset", "tiny", "--steps", "2",
         "--attention", "xla"],
+        args=["--fake-gpu-count", "2", "--trace", str(trace)],
         env={"JAXLAKE_FAKEGPU_STATS": str(stats)}, timeout=400)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert _checked_trace(trace, 2) > 20
@@ -423,7 +371,7 @@ report(custom_calls=sorted(set(
 def test_train_lm_default_flags_picks_cudnn_and_runs(tmp_path: pathlib.Path
                                                      ) -> None:
     stats = tmp_path / "fake.json"
-    proc = fake_run("", argv=[
+    proc = fake_run([
         sys.executable, str(ROOT / "examples" / "train_lm.py"), "--preset",
         "tiny", "--steps", "2"],
         env={"JAXLAKE_FAKEGPU_STATS": str(stats)}, timeout=400)

@@ -18,26 +18,12 @@ import sys
 import textwrap
 from typing import Dict
 
-import pytest
+from fakegpu_util import NEEDS_FAKE_GPU, fake_library
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
-def _library() -> str:
-    from jaxlake._src.xla import fakegpu
-    return fakegpu.library_path()
-
-
-def _skip_reason() -> str:
-    if sys.platform != "linux":
-        return "the fake GPU is built on Linux only"
-    if not os.path.isfile(_library()):
-        return f"this build has no fake GPU ({_library()})"
-    return ""
-
-
-pytestmark = pytest.mark.skipif(_skip_reason() != "",
-                                reason=_skip_reason() or "-")
+pytestmark = NEEDS_FAKE_GPU
 
 
 def run_case(script: str) -> subprocess.CompletedProcess:
@@ -50,7 +36,7 @@ def report(**kw):
     env = dict(os.environ)
     env["JAXLAKE_FAKEGPU_LOG"] = "stderr"
     return subprocess.run(
-        [sys.executable, "-c", prelude + textwrap.dedent(script), _library()],
+        [sys.executable, "-c", prelude + textwrap.dedent(script), fake_library()],
         env=env, capture_output=True, text=True, timeout=120, cwd=str(ROOT))
 
 

@@ -10,79 +10,18 @@ needed), on a machine with no GPU.
 from __future__ import annotations
 
 import gzip
-import importlib.util
 import json
-import os
 import pathlib
 import re
 import subprocess
 import sys
-import textwrap
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional
 
-import pytest
-
+from fakegpu_util import (JAXLAKE, NEEDS_FAKE_GPU, NEEDS_JAX, fake_run,
+                          python, result)
 from jaxlake._src.options import format_bytes
 
-ROOT = pathlib.Path(__file__).resolve().parents[1]
-JAXLAKE = str(pathlib.Path(sys.executable).with_name("jaxlake"))
 GZIP_MAGIC = b"\x1f\x8b"
-
-
-def _fake_gpu_reason() -> Optional[str]:
-    if sys.platform != "linux" or os.uname().machine != "x86_64":
-        return "the fake GPU and the shim are built on x86-64 Linux only"
-    from jaxlake._src.xla import fakegpu
-    if not os.path.isfile(fakegpu.library_path()):
-        return f"this build has no fake GPU ({fakegpu.library_path()})"
-    if fakegpu.nvidia_wheels():
-        return ("NVIDIA's CUDA wheels are installed, and the fake GPU "
-                "refuses to run over them")
-    return None
-
-
-def _jax_reason() -> Optional[str]:
-    for mod in ("jax", "jax_plugins.xla_cuda12"):
-        try:
-            if importlib.util.find_spec(mod) is None:
-                return (f"{mod} is not installed (the test extra installs "
-                        "jax[cuda12-local] on Python 3.11 and newer)")
-        except (ImportError, ValueError):
-            return f"{mod} cannot be imported"
-    return _fake_gpu_reason()
-
-
-NEEDS_FAKE_GPU = pytest.mark.skipif(_fake_gpu_reason() is not None,
-                                    reason=str(_fake_gpu_reason()))
-NEEDS_JAX = pytest.mark.skipif(_jax_reason() is not None,
-                               reason=str(_jax_reason()))
-
-
-def fake_run(argv: Sequence[str], *, args: Sequence[str] = (),
-             env: Optional[Dict[str, str]] = None, timeout: int = 300,
-             cwd: Optional[pathlib.Path] = None
-             ) -> "subprocess.CompletedProcess[str]":
-    """Runs argv under `jaxlake run --fake-gpu ARGS --`."""
-    full = {k: v for k, v in os.environ.items()
-            if not k.startswith("JAXLAKE") and k not in (
-                "JAX_PLATFORMS", "XLA_FLAGS", "LD_PRELOAD")}
-    # Autotuning runs each candidate kernel (none do anything here): off.
-    full["XLA_FLAGS"] = "--xla_gpu_autotune_level=0"
-    full.update(env or {})
-    return subprocess.run([JAXLAKE, "run", "--fake-gpu", *args, "--",
-                           *argv], env=full, capture_output=True, text=True,
-                          timeout=timeout, cwd=str(cwd or ROOT))
-
-
-def python(code: str) -> List[str]:
-    return [sys.executable, "-c", textwrap.dedent(code)]
-
-
-def result(proc: "subprocess.CompletedProcess[str]") -> Dict:
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return dict(json.loads(lines[-1][len("RESULT "):]))
 
 
 REPORT_HEAD = re.compile(r"^jaxlake: lake report, pid (\d+) \((.*)\)(.*)$")

@@ -22,9 +22,11 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 import pytest
+
+from fakegpu_util import NEEDS_JAX, ROOT, fake_run
 
 _NEEDS = ("the examples need jax, flax, optax and orbax-checkpoint "
           "(pip install 'jaxlake[examples]', on Python 3.11 and newer)")
@@ -32,9 +34,7 @@ for _module in ("jax", "flax", "optax", "orbax"):
     if importlib.util.find_spec(_module) is None:
         pytest.skip(f"{_module} is missing: {_NEEDS}", allow_module_level=True)
 
-ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
-JAXLAKE = str(Path(sys.executable).with_name("jaxlake"))
 TIMEOUT = 300
 
 #: A short request stream: 6 requests, prompts of 4 to 30 tokens (up to two
@@ -177,44 +177,15 @@ def test_serve_refuses_bad_input() -> None:
 # -- under the fake GPU ----------------------------------------------------
 
 
-def _fake_gpu_reason() -> Optional[str]:
-    if sys.platform != "linux" or os.uname().machine != "x86_64":
-        return "the fake GPU and the shim are built on x86-64 Linux only"
-    for mod in ("jax", "jax_plugins.xla_cuda12"):
-        try:
-            if importlib.util.find_spec(mod) is None:
-                return (f"{mod} is not installed (the test extra installs "
-                        "jax[cuda12-local] on Python 3.11 and newer)")
-        except (ImportError, ValueError):
-            return f"{mod} cannot be imported"
-    from jaxlake._src.xla import fakegpu
-    if not os.path.isfile(fakegpu.library_path()):
-        return f"this build has no fake GPU ({fakegpu.library_path()})"
-    return None
-
-
-def fake_run(argv: List[str], args: List[str], env: Dict[str, str]
-             ) -> subprocess.CompletedProcess:
-    full = dict(os.environ)
-    for var in ("JAX_PLATFORMS", "XLA_FLAGS", "LD_PRELOAD", "JAXLAKE"):
-        full.pop(var, None)
-    # Autotuning times candidate kernels that do not run here: off.
-    full["XLA_FLAGS"] = "--xla_gpu_autotune_level=0"
-    full.update(env)
-    return subprocess.run([JAXLAKE, "run", "--fake-gpu", *args, "--",
-                           *argv], env=full, capture_output=True, text=True,
-                          timeout=TIMEOUT, cwd=str(ROOT))
-
-
-@pytest.mark.skipif(_fake_gpu_reason() is not None,
-                    reason=str(_fake_gpu_reason()))
+@NEEDS_JAX
 def test_serve_under_the_fake_gpu_with_the_lake(tmp_path: Path) -> None:
     trace, stats = tmp_path / "lake.jsonl", tmp_path / "fake.json"
     proc = fake_run([sys.executable, str(EXAMPLES / "serve_lm.py"),
                      "--requests", "4", "--max-len", "64", "--prompt-len",
                      "4,20", "--new-tokens", "2,20", "--slots", "2",
-                     "--no-progress"], ["--trace", str(trace)],
-                    {"JAXLAKE_FAKEGPU_STATS": str(stats)})
+                     "--no-progress"], args=["--trace", str(trace)],
+                    env={"JAXLAKE_FAKEGPU_STATS": str(stats)},
+                    timeout=TIMEOUT)
     assert proc.returncode == 0, proc.stderr[-4000:]
     assert "served 4 requests" in proc.stdout
     events = read_trace(trace)
@@ -307,8 +278,7 @@ def test_offload_opt_state_refuses_the_recorder(tmp_path: Path) -> None:
     assert "jaxlake run --fake-gpu --trace" in done.stderr, done.stderr
 
 
-@pytest.mark.skipif(_fake_gpu_reason() is not None,
-                    reason=str(_fake_gpu_reason()))
+@NEEDS_JAX
 def test_offload_under_the_fake_gpu_uses_pinned_host_memory(
         tmp_path: Path) -> None:
     """XLA's GPU client holds pinned_host arrays in page-locked host memory
@@ -319,8 +289,9 @@ def test_offload_under_the_fake_gpu_uses_pinned_host_memory(
         trace, stats = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.json"
         proc = fake_run([sys.executable, str(EXAMPLES / "train_lm.py"),
                          "--no-progress", "--steps", "2", "--attention",
-                         "xla", *extra], ["--trace", str(trace)],
-                        {"JAXLAKE_FAKEGPU_STATS": str(stats)})
+                         "xla", *extra], args=["--trace", str(trace)],
+                        env={"JAXLAKE_FAKEGPU_STATS": str(stats)},
+                        timeout=TIMEOUT)
         assert proc.returncode == 0, proc.stderr[-4000:]
         assert len(read_trace(trace)) > 20
         calls = json.loads(stats.read_text())["calls"]

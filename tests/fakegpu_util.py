@@ -1,0 +1,103 @@
+"""What the tests that run programs on the fake GPU share: why they skip,
+how a program runs under `jaxlake run --fake-gpu`, and how its result is
+read back (a `RESULT {json}` line on stdout).
+
+The programs run XLA's real GPU client over jaxlake's fake GPU, on a
+machine with no GPU; they are CPU tests of the integration, never a stand-in
+for a GPU figure (benchmarks/gpu/check.sh is that).
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import textwrap
+from typing import Dict, List, Optional, Sequence, Union
+
+import pytest
+
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+JAXLAKE = str(pathlib.Path(sys.executable).with_name("jaxlake"))
+
+#: Autotuning times candidate kernels that do not run on the fake: off, to
+#: keep the tests short on two cores.
+XLA_FLAGS = "--xla_gpu_autotune_level=0"
+
+#: What a test program starts with: `served(name)`, the lake's hook counts
+#: for one entry point, and `report(**kw)`, the RESULT line.
+PRELUDE = """
+import json, numpy as np, jax, jax.numpy as jnp, jaxlake
+def served(name):
+    return jaxlake.hook_counts().get(name, {})
+def report(**kw):
+    print("RESULT " + json.dumps(kw), flush=True)
+"""
+
+
+def fake_library() -> str:
+    """Where this build's fake GPU library is."""
+    from jaxlake._src.xla import fakegpu
+    return fakegpu.library_path()
+
+
+def fake_gpu_reason() -> Optional[str]:
+    """Why the fake GPU library cannot be used here (None: it can)."""
+    if sys.platform != "linux" or os.uname().machine != "x86_64":
+        return "the fake GPU and the shim are built on x86-64 Linux only"
+    if not os.path.isfile(fake_library()):
+        return f"this build has no fake GPU ({fake_library()})"
+    return None
+
+
+def jax_reason() -> Optional[str]:
+    """Why JAX cannot run on the fake GPU here (None: it can)."""
+    for mod in ("jax", "jax_plugins.xla_cuda12"):
+        try:
+            if importlib.util.find_spec(mod) is None:
+                return (f"{mod} is not installed (the test extra installs "
+                        "jax[cuda12-local] on Python 3.11 and newer)")
+        except (ImportError, ValueError):
+            return f"{mod} cannot be imported"
+    return fake_gpu_reason()
+
+
+NEEDS_FAKE_GPU = pytest.mark.skipif(fake_gpu_reason() is not None,
+                                    reason=str(fake_gpu_reason()))
+NEEDS_JAX = pytest.mark.skipif(jax_reason() is not None,
+                               reason=str(jax_reason()))
+
+
+def python(code: str) -> List[str]:
+    """The command that runs `code` (dedented) in this interpreter."""
+    return [sys.executable, "-c", textwrap.dedent(code)]
+
+
+def fake_run(command: Union[str, Sequence[str]], *,
+             args: Sequence[str] = (), env: Optional[Dict[str, str]] = None,
+             timeout: int = 300, cwd: Optional[pathlib.Path] = None
+             ) -> "subprocess.CompletedProcess[str]":
+    """Runs `command` (a Python script, or an argv) under
+    `jaxlake run --fake-gpu ARGS --`, with none of the caller's JAXLAKE*,
+    JAX_PLATFORMS, XLA_FLAGS or LD_PRELOAD settings, autotuning off, and
+    `env` on top."""
+    argv = python(command) if isinstance(command, str) else list(command)
+    full = {k: v for k, v in os.environ.items()
+            if not k.startswith("JAXLAKE") and k not in (
+                "JAX_PLATFORMS", "XLA_FLAGS", "LD_PRELOAD")}
+    full["XLA_FLAGS"] = XLA_FLAGS
+    full.update(env or {})
+    return subprocess.run([JAXLAKE, "run", "--fake-gpu", *args, "--",
+                           *argv], env=full, capture_output=True, text=True,
+                          timeout=timeout, cwd=str(cwd or ROOT))
+
+
+def result(proc: "subprocess.CompletedProcess[str]") -> Dict:
+    """The last RESULT line's JSON, once the program exited 0."""
+    assert proc.returncode == 0, proc.stderr[-4000:]
+    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
+    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
+    return dict(json.loads(lines[-1][len("RESULT "):]))
