@@ -95,9 +95,24 @@ def fake_run(command: Union[str, Sequence[str]], *,
                           timeout=timeout, cwd=str(cwd or ROOT))
 
 
+def library_run(script: str, *, prelude: str = "",
+                env: Optional[Dict[str, str]] = None, timeout: int = 120
+                ) -> "subprocess.CompletedProcess[str]":
+    """Runs `prelude` + `script` (dedented), a Python program that drives
+    the fake GPU library itself through ctypes, without JAX: the library's
+    path is its sys.argv[1]. `env` goes on top of this environment."""
+    full = dict(os.environ)
+    full.update(env or {})
+    return subprocess.run(
+        [sys.executable, "-c", prelude + textwrap.dedent(script),
+         fake_library()],
+        env=full, capture_output=True, text=True, timeout=timeout,
+        cwd=str(ROOT))
+
+
 def result(proc: "subprocess.CompletedProcess[str]") -> Dict:
     """The last RESULT line's JSON, once the program exited 0."""
-    assert proc.returncode == 0, proc.stderr[-4000:]
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     return dict(json.loads(lines[-1][len("RESULT "):]))

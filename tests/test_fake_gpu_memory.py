@@ -14,15 +14,11 @@ import json
 import os
 import pathlib
 import subprocess
-import sys
-import textwrap
-from typing import Dict
+from typing import Dict, Optional
 
 import pytest
 
-from fakegpu_util import NEEDS_FAKE_GPU, fake_library
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+from fakegpu_util import NEEDS_FAKE_GPU, library_run, result
 
 
 pytestmark = NEEDS_FAKE_GPU
@@ -127,21 +123,9 @@ def report(**kw):
 """
 
 
-def run_case(script: str, env: Dict[str, str] = {}
-             ) -> subprocess.CompletedProcess:
-    full = dict(os.environ)
-    full.update(env)
-    return subprocess.run(
-        [sys.executable, "-c", PRELUDE + textwrap.dedent(script), fake_library()],
-        env=full, capture_output=True, text=True, timeout=120,
-        cwd=str(ROOT))
-
-
-def result(proc: subprocess.CompletedProcess) -> Dict:
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return dict(json.loads(lines[-1][len("RESULT "):]))
+def run_case(script: str, env: Optional[Dict[str, str]] = None
+             ) -> "subprocess.CompletedProcess[str]":
+    return library_run(script, prelude=PRELUDE, env=env)
 
 
 def test_memset_zero_drops_whole_pages_seen_through_both_mappings(

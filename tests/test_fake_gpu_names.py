@@ -10,42 +10,34 @@ declare them.
 
 from __future__ import annotations
 
-import json
-import os
-import pathlib
 import subprocess
-import sys
-import textwrap
 from typing import Dict
 
-from fakegpu_util import NEEDS_FAKE_GPU, fake_library
-
-ROOT = pathlib.Path(__file__).resolve().parents[1]
+import fakegpu_util
+from fakegpu_util import NEEDS_FAKE_GPU, library_run
 
 
 pytestmark = NEEDS_FAKE_GPU
 
 
-def run_case(script: str) -> subprocess.CompletedProcess:
-    prelude = """
+PRELUDE = """
 import ctypes, json, sys
 lib = ctypes.CDLL(sys.argv[1])
 def report(**kw):
     print("RESULT " + json.dumps(kw), flush=True)
 """
-    env = dict(os.environ)
-    env["JAXLAKE_FAKEGPU_LOG"] = "stderr"
-    return subprocess.run(
-        [sys.executable, "-c", prelude + textwrap.dedent(script), fake_library()],
-        env=env, capture_output=True, text=True, timeout=120, cwd=str(ROOT))
 
 
-def result(proc: subprocess.CompletedProcess) -> Dict:
-    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-4000:]
+def run_case(script: str) -> "subprocess.CompletedProcess[str]":
+    return library_run(script, prelude=PRELUDE,
+                       env={"JAXLAKE_FAKEGPU_LOG": "stderr"})
+
+
+def result(proc: "subprocess.CompletedProcess[str]") -> Dict:
+    """The RESULT line, once the program exited 0 and named no call the
+    fake does not implement."""
     assert "not supported by the fake" not in proc.stderr, proc.stderr
-    lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
-    assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
-    return dict(json.loads(lines[-1][len("RESULT "):]))
+    return fakegpu_util.result(proc)
 
 
 def test_runtime_stream_priority_range() -> None:
