@@ -127,6 +127,26 @@ def int_list(text: str) -> List[int]:
     return values
 
 
+def add_jaxlake_args(parser: argparse.ArgumentParser
+                     ) -> "argparse._ArgumentGroup":
+    """The "jaxlake" option group every example has: --jaxlake,
+    --jaxlake-option and --trace. Returns the group for more options."""
+    r = parser.add_argument_group("jaxlake")
+    r.add_argument("--jaxlake", action=argparse.BooleanOptionalAction,
+                   default=True,
+                   help="serve device memory from the lake, GPU only "
+                        "(default: on)")
+    r.add_argument("--jaxlake-option", action="append", default=[],
+                   metavar="NAME=VALUE",
+                   help="option for jaxlake.configure, repeatable; see "
+                        "`jaxlake options` (default: none)")
+    r.add_argument("--trace", default=None, metavar="OUT",
+                   help="record the allocation trace (GPU-faithful, made "
+                        "without a GPU) to OUT, .jsonl or .jsonl.gz "
+                        "(default: none)")
+    return r
+
+
 def add_args(parser: argparse.ArgumentParser) -> None:
     """The options every example shares. Every help says its default."""
     m = parser.add_argument_group("model")
@@ -201,19 +221,7 @@ def add_args(parser: argparse.ArgumentParser) -> None:
                    help="after STEP, once, restore the latest checkpoint "
                         "saved and train on from it, as a run that rolls "
                         "back does (default: never)")
-    r = parser.add_argument_group("jaxlake")
-    r.add_argument("--jaxlake", action=argparse.BooleanOptionalAction,
-                   default=True,
-                   help="serve device memory from the lake, GPU only "
-                        "(default: on)")
-    r.add_argument("--jaxlake-option", action="append", default=[],
-                   metavar="NAME=VALUE",
-                   help="option for jaxlake.configure, repeatable; see "
-                        "`jaxlake options` (default: none)")
-    r.add_argument("--trace", default=None, metavar="OUT",
-                   help="record the allocation trace (GPU-faithful, made "
-                        "without a GPU) to OUT, .jsonl or .jsonl.gz "
-                        "(default: none)")
+    r = add_jaxlake_args(parser)
     r.add_argument("--trace-per-tensor", action="store_true",
                    help="record every XLA logical buffer as its own "
                         "allocation, an eager-like trace (default: off)")

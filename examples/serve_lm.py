@@ -109,19 +109,7 @@ def parser() -> argparse.ArgumentParser:
     e.add_argument("--verify", action="store_true",
                    help="recompute each request without the cache and fail "
                         "when a token differs (default: off)")
-    r = p.add_argument_group("jaxlake")
-    r.add_argument("--jaxlake", action=argparse.BooleanOptionalAction,
-                   default=True,
-                   help="serve device memory from the lake, GPU only "
-                        "(default: on)")
-    r.add_argument("--jaxlake-option", action="append", default=[],
-                   metavar="NAME=VALUE",
-                   help="option for jaxlake.configure, repeatable; see "
-                        "`jaxlake options` (default: none)")
-    r.add_argument("--trace", default=None, metavar="OUT",
-                   help="record the allocation trace (GPU-faithful, made "
-                        "without a GPU) to OUT, .jsonl or .jsonl.gz "
-                        "(default: none)")
+    r = _lm.add_jaxlake_args(p)
     r.add_argument("--compile-only", action="store_true",
                    help="with --trace: compile for the GPU, run nothing "
                         "(default: off)")
