@@ -46,7 +46,7 @@ def register(commands: Any) -> None:
     run.add_argument("--fake-gpu", nargs="?", const="h100", metavar="MODEL",
                      help="run on XLA's real GPU client over jaxlake's fake "
                           "GPU, with no GPU here: h100 (default) or h200; "
-                          "kernels do not run (README: 'No GPU?')")
+                          "kernels do not run (docs/fakegpu.md)")
     run.add_argument("--fake-gpu-count", metavar="N", default="1",
                      help="fake devices (default 1)")
     run.add_argument("--fake-gpu-memory", metavar="SIZE",
