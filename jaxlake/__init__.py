@@ -44,14 +44,12 @@ del _cls
 
 
 def __getattr__(name: str) -> _Any:
-    # __version__ is looked up when first asked for: importlib.metadata costs
-    # a noticeable share of every interpreter start under JAXLAKE=1 (the
-    # start-up hook imports this package).
+    # __version__ is looked up when first asked for (jaxlake/_src/version.py
+    # says why).
     if name == "__version__":
-        from importlib import metadata
-        version: str = metadata.version("jaxlake")
-        globals()["__version__"] = version
-        return version
+        from jaxlake._src.version import version
+        globals()["__version__"] = version()
+        return version()
     raise AttributeError(f"module 'jaxlake' has no attribute {name!r}")
 
 

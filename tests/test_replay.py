@@ -69,6 +69,19 @@ def test_writer_round_trip(tmp_path: pathlib.Path, name: str) -> None:
     ]
 
 
+def test_writer_into_memory(tmp_path: pathlib.Path) -> None:
+    with TraceWriter(tmp_path / "f.jsonl", "lm", source="s") as on_file:
+        on_file.alloc(1, 4096, stream=7)
+        on_file.free(1, t=9)
+    w = TraceWriter(None, "lm", source="s")
+    w.alloc(1, 4096, stream=7)
+    w.free(1, t=9)
+    w.close()
+    assert w.text() == (tmp_path / "f.jsonl").read_text()
+    with pytest.raises(ValueError, match="written to a file"):
+        on_file.text()
+
+
 def test_gzip_output_is_reproducible(tmp_path: pathlib.Path) -> None:
     def make(path: pathlib.Path) -> bytes:
         with TraceWriter(path, "r") as w:
@@ -306,8 +319,9 @@ def test_granularity_bound_on_utilisation(tmp_path: pathlib.Path) -> None:
 
 def test_capacity_reports_the_failing_event(tmp_path: pathlib.Path) -> None:
     trace = hand_trace(tmp_path)
-    results = {r.policy: r for r in replay.replay_all(trace,
-                                                      capacity="10MiB")}
+    capacity = replay.Capacity.parse("10MiB")
+    results = {name: replay.replay(trace, name, capacity)
+               for name in replay.policy_names()}
     bfc = results["bfc"]
     assert bfc.capacity == 10 * MIB
     assert bfc.oom is not None

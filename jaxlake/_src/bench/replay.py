@@ -790,12 +790,3 @@ def _fit(result: ReplayResult, trace: Trace, policy: str,
                 float(v)
     result.u_fit = total_live / total_fit if total_fit else 0.0
 
-
-def replay_all(trace: Trace, policies: Optional[Sequence[str]] = None,
-               capacity: Union[Capacity, int, str, None] = None,
-               **kwargs: Any) -> List[ReplayResult]:
-    """replay() for each policy (all by default), in table order."""
-    names = check_policies(policies) if policies else list(policy_names())
-    cap = capacity if isinstance(capacity, Capacity) or capacity is None \
-        else Capacity.parse(capacity)
-    return [replay(trace, name, cap, **kwargs) for name in names]

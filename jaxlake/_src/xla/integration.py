@@ -359,7 +359,7 @@ def configure(*, required: bool = False, trace: Optional[str] = None,
     if status.active:
         # jax.Device.memory_stats() then gives the lake's figures.
         from jaxlake._src.xla import memstats
-        memstats.install()
+        memstats.install(_loaded_shim)
     if required and not status.active:
         raise ConfigurationError(
             f"jaxlake.configure(required=True): {status.reason}")
