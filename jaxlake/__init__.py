@@ -12,8 +12,8 @@ from jaxlake._src.errors import DriverError
 from jaxlake._src.errors import InvariantError
 from jaxlake._src.errors import JaxlakeError
 from jaxlake._src.errors import OutOfMemoryError
-from jaxlake._src.core.lake import Lake
-from jaxlake._src.core.lake import TraceEvent
+from jaxlake._src.lake.lake import Lake
+from jaxlake._src.lake.lake import TraceEvent
 from jaxlake._src.options import Option
 from jaxlake._src.options import option_table
 from jaxlake._src.options import parse_size
@@ -21,7 +21,7 @@ from jaxlake._src.options import resolve_options
 from jaxlake._src.trace.recorder import Recorder
 from jaxlake._src.trace.recorder import RecorderError
 from jaxlake._src.trace.recorder import enable_per_tensor_dumps
-from jaxlake._src.core.stats import Stats
+from jaxlake._src.lake.stats import Stats
 from jaxlake._src.xla.integration import Status
 from jaxlake._src.xla.integration import check
 from jaxlake._src.xla.integration import configure

@@ -440,6 +440,17 @@ def test_version_and_help_texts(capsys: pytest.CaptureFixture[str]) -> None:
         assert words in body and not body.startswith("options:"), out
 
 
+def test_bench_help_names_every_baseline(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from jaxlake._src.bench.replay import policy_names
+    code, out, _ = main_run(["bench", "--help"], capsys)
+    assert code == 0
+    description = " ".join(out.split("\n\n", 1)[1].split("options:")[0]
+                           .split())
+    for name in policy_names():
+        assert name in description, (name, description)
+
+
 def test_attach_values_keeps_program_arguments() -> None:
     from jaxlake._src.cli import attach_values
     assert attach_values(["replay", "t", "--capacity", "-1G"]) == \

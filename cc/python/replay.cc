@@ -61,7 +61,7 @@ class PyTrace {
                            std::uint64_t, std::uint64_t, std::string>>
         out;
     out.reserve(trace_->events.size());
-    for (const TraceEvent& e : trace_->events)
+    for (const TraceFileEvent& e : trace_->events)
       out.emplace_back(e.t, e.alloc, e.id, e.dev, e.size, e.stream,
                        KindName(e.kind));
     return out;
@@ -71,7 +71,7 @@ class PyTrace {
   // t, size, stream (uint64), dev, slot, line (uint32), alloc, kind
   // (uint8; kind as in JAXLAKE_TRACE_KINDS, 0 when not given).
   nb::dict columns() const {
-    const std::vector<TraceEvent>& ev = trace_->events;
+    const std::vector<TraceFileEvent>& ev = trace_->events;
     const std::size_t n = ev.size();
     std::vector<std::uint64_t> t(n), size(n), stream(n);
     std::vector<std::uint32_t> dev(n), slot(n), line(n);
@@ -105,7 +105,7 @@ class PyTrace {
   // Events per device (index: device).
   std::vector<std::uint64_t> device_events() const {
     std::vector<std::uint64_t> out(trace_->devices, 0);
-    for (const TraceEvent& e : trace_->events) ++out[e.dev];
+    for (const TraceFileEvent& e : trace_->events) ++out[e.dev];
     return out;
   }
 
@@ -113,7 +113,7 @@ class PyTrace {
   std::uint64_t peak_live(std::uint32_t dev) const {
     std::uint64_t live = 0;
     std::uint64_t peak = 0;
-    for (const TraceEvent& e : trace_->events) {
+    for (const TraceFileEvent& e : trace_->events) {
       if (e.dev != dev) continue;
       if (e.alloc) {
         live += e.size;

@@ -12,7 +12,7 @@ from typing import Callable, List, Optional, Sequence
 from jaxlake._src.bench import cli as bench_cli
 from jaxlake._src.fit import cli as fit_cli
 from jaxlake._src.view import cli as view_cli
-from jaxlake._src.core import demo
+from jaxlake._src.lake import demo
 from jaxlake._src.xla import cli as xla_cli
 from jaxlake._src.options import OPTIONS, Option, format_size
 from jaxlake._src.version import version

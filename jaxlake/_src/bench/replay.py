@@ -15,7 +15,7 @@ import math
 import re
 from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
-from jaxlake._src.errors import JaxlakeError
+from jaxlake._src.errors import InvariantError, JaxlakeError
 from jaxlake._src.options import MIB, format_size, parse_size
 from jaxlake._src.trace.tracefile import Trace
 
@@ -661,7 +661,7 @@ def replay(trace: Trace, policy: str,
                   rounds or timing_rounds(counts[d])) for d in devices]
     for p in parts:
         if p["check_error"]:
-            raise AssertionError(f"{policy} on {trace.name}, device "
+            raise InvariantError(f"{policy} on {trace.name}, device "
                                  f"{p['device']}: {p['check_error']}")
     result = _result(trace, policy, parts, latency)
     result.device_memory = max(sizes.values())
@@ -683,7 +683,7 @@ def replay(trace: Trace, policy: str,
                  timing and capped_figures, check_every,
                  rounds or timing_rounds(counts[d]) if capped_figures else 1)
         if c["check_error"]:
-            raise AssertionError(f"{policy} on {trace.name} under a cap: "
+            raise InvariantError(f"{policy} on {trace.name} under a cap: "
                                  f"{c['check_error']}")
         capped_parts.append(c)
     result.capacity = max(caps.values())

@@ -106,7 +106,7 @@ def _trace_context_path(obj: Any) -> Optional[str]:
 
 def load(source: Any, lenient: bool = False) -> "Trace":
     """A parsed trace from what view() accepts."""
-    from jaxlake._src.core.lake import Lake
+    from jaxlake._src.lake.lake import Lake
     from jaxlake._src.trace.recorder import Recorder
     if isinstance(source, tracefile.Trace):
         return source
