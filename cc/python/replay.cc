@@ -179,6 +179,12 @@ nb::dict ByKind(const vmm::CallTimes& t) {
   return d;
 }
 
+// A by-kind member of T as a dict, for a read-only property.
+template <typename T, typename A>
+auto KindProperty(A T::*member) {
+  return [member](const T& r) { return ByKind(r.*member); };
+}
+
 vmm::Call KindOf(const std::string& name) {
   vmm::Call c;
   if (!vmm::CallFromName(name, &c)) {
@@ -690,19 +696,13 @@ void BindReplay(nb::module_& m) {
       .def_ro("final_reserved", &ReplayResult::final_reserved)
       .def_ro("utilisation", &ReplayResult::utilisation)
       .def_ro("waste", &ReplayResult::waste)
-      .def_prop_ro("calls",
-                   [](const ReplayResult& r) { return ByKind(r.calls); })
+      .def_prop_ro("calls", KindProperty(&ReplayResult::calls))
       .def_prop_ro("calls_second_half",
-                   [](const ReplayResult& r) {
-                     return ByKind(r.calls_second_half);
-                   })
+                   KindProperty(&ReplayResult::calls_second_half))
       .def_ro("half_event", &ReplayResult::half_event)
-      .def_prop_ro("driver_us",
-                   [](const ReplayResult& r) { return ByKind(r.driver_us); })
+      .def_prop_ro("driver_us", KindProperty(&ReplayResult::driver_us))
       .def_prop_ro("driver_us_second_half",
-                   [](const ReplayResult& r) {
-                     return ByKind(r.driver_us_second_half);
-                   })
+                   KindProperty(&ReplayResult::driver_us_second_half))
       .def_prop_ro("counters",
                    [](const ReplayResult& r) {
                      nb::dict d;
@@ -747,16 +747,10 @@ void BindReplay(nb::module_& m) {
       .def_ro("fit_capacity", &TraceReplay::fit_capacity)
       .def_ro("u_fit", &TraceReplay::u_fit)
       .def_ro("fit_nonmonotone", &TraceReplay::fit_nonmonotone)
-      .def_prop_ro("fit_calls",
-                   [](const TraceReplay& r) { return ByKind(r.fit_calls); })
+      .def_prop_ro("fit_calls", KindProperty(&TraceReplay::fit_calls))
       .def_prop_ro("fit_calls_second_half",
-                   [](const TraceReplay& r) {
-                     return ByKind(r.fit_calls_second_half);
-                   })
-      .def_prop_ro("fit_driver_us",
-                   [](const TraceReplay& r) {
-                     return ByKind(r.fit_driver_us);
-                   })
+                   KindProperty(&TraceReplay::fit_calls_second_half))
+      .def_prop_ro("fit_driver_us", KindProperty(&TraceReplay::fit_driver_us))
       .def_ro("capped", &TraceReplay::capped);
 
   m.def("replay", &RunReplay, "trace"_a, "policy"_a, "options"_a,
