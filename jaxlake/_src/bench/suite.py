@@ -23,8 +23,8 @@ from typing import (Any, Callable, Dict, List, Optional, Sequence,
 
 from jaxlake._src.trace import tracefile
 from jaxlake._src.options import MIB, format_bytes
-from jaxlake._src.bench.replay import (Capacity, Latency, ReplayResult,
-                                       check_policies, policy_names, replay)
+from jaxlake._src.bench.replay import (Capacity, Latency, check_policies,
+                                       policy_names, replay)
 from jaxlake._src.trace.tracefile import TraceWriter
 from jaxlake._src.table import format_table as _format_table
 from jaxlake._src.version import version
