@@ -6,7 +6,6 @@ them into `jaxlake`.
 
 from __future__ import annotations
 
-import argparse
 import io
 import json
 import pathlib
@@ -17,19 +16,11 @@ import pytest
 from jaxlake._src.bench import columns
 from jaxlake._src.bench import replay
 from jaxlake._src.bench import suite as bench
-from jaxlake._src.bench import cli as bench_cli
 from jaxlake._src.trace import tracefile
 from jaxlake._src.trace.tracefile import TraceWriter
+from bench_util import run
 
 MIB = 1 << 20
-
-
-def run(argv: List[str]) -> Tuple[int, str]:
-    parser = argparse.ArgumentParser(prog="jaxlake")
-    bench_cli.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(argv)
-    out = io.StringIO()
-    return args.func(args, out), out.getvalue()
 
 
 def run_err(argv: List[str],
@@ -438,6 +429,17 @@ def test_version_and_help_texts(capsys: pytest.CaptureFixture[str]) -> None:
         # a description paragraph after the usage line, not only the usage
         body = out.split("\n\n", 1)[1]
         assert words in body and not body.startswith("options:"), out
+
+
+def test_bench_help_names_every_baseline(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from jaxlake._src.bench.replay import policy_names
+    code, out, _ = main_run(["bench", "--help"], capsys)
+    assert code == 0
+    description = " ".join(out.split("\n\n", 1)[1].split("options:")[0]
+                           .split())
+    for name in policy_names():
+        assert name in description, (name, description)
 
 
 def test_attach_values_keeps_program_arguments() -> None:

@@ -3,26 +3,15 @@ CLI, on small hand-made traces whose answers are worked out here."""
 
 from __future__ import annotations
 
-import argparse
-import io
 import json
 import pathlib
-from typing import List, Tuple
 
-from jaxlake._src.bench import cli as bench_cli
 from jaxlake._src.bench import replay
 from jaxlake._src.trace import tracefile
 from jaxlake._src.trace.tracefile import TraceWriter
+from bench_util import run
 
 MIB = 1 << 20
-
-
-def run(argv: List[str]) -> Tuple[int, str]:
-    parser = argparse.ArgumentParser(prog="jaxlake")
-    bench_cli.register(parser.add_subparsers(dest="command"))
-    args = parser.parse_args(argv)
-    out = io.StringIO()
-    return args.func(args, out), out.getvalue()
 
 
 def reuse_trace(tmp_path: pathlib.Path) -> pathlib.Path:

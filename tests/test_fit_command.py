@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
+from fakegpu_util import fake_gpu_reason
 
 from jaxlake._src.fit import engine, run, search
 from jaxlake._src.fit.search import FitError, Probe, Vary
@@ -370,7 +371,7 @@ def test_recorder_traces_serve_every_gpu(tmp_path: Path) -> None:
         engine.Gpu.parse("h100").fake_model
 
 
-_FAKE_WHY = engine.fake_gpu_available()
+_FAKE_WHY = fake_gpu_reason()
 
 SCRIPT = """
 import sys

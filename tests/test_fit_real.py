@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import List, Tuple
 
 import pytest
+from fakegpu_util import fake_gpu_reason
 
 from jaxlake._src.fit import engine, real, run, search
 from jaxlake._src.fit.search import FitError, Vary
@@ -199,7 +200,7 @@ def test_a_real_runs_out_of_memory_is_read_from_its_output(
         assert found is not None and found.startswith(line)
 
 
-_FAKE_WHY = engine.fake_gpu_available()
+_FAKE_WHY = fake_gpu_reason()
 
 SCRIPT = """
 import sys

@@ -69,6 +69,19 @@ def test_writer_round_trip(tmp_path: pathlib.Path, name: str) -> None:
     ]
 
 
+def test_writer_into_memory(tmp_path: pathlib.Path) -> None:
+    with TraceWriter(tmp_path / "f.jsonl", "lm", source="s") as on_file:
+        on_file.alloc(1, 4096, stream=7)
+        on_file.free(1, t=9)
+    w = TraceWriter(None, "lm", source="s")
+    w.alloc(1, 4096, stream=7)
+    w.free(1, t=9)
+    w.close()
+    assert w.text() == (tmp_path / "f.jsonl").read_text()
+    with pytest.raises(ValueError, match="written to a file"):
+        on_file.text()
+
+
 def test_gzip_output_is_reproducible(tmp_path: pathlib.Path) -> None:
     def make(path: pathlib.Path) -> bytes:
         with TraceWriter(path, "r") as w:
@@ -306,8 +319,9 @@ def test_granularity_bound_on_utilisation(tmp_path: pathlib.Path) -> None:
 
 def test_capacity_reports_the_failing_event(tmp_path: pathlib.Path) -> None:
     trace = hand_trace(tmp_path)
-    results = {r.policy: r for r in replay.replay_all(trace,
-                                                      capacity="10MiB")}
+    capacity = replay.Capacity.parse("10MiB")
+    results = {name: replay.replay(trace, name, capacity)
+               for name in replay.policy_names()}
     bfc = results["bfc"]
     assert bfc.capacity == 10 * MIB
     assert bfc.oom is not None
@@ -379,9 +393,9 @@ def test_capped_policies_that_fit_behave_as_uncapped(
             options.capacity = max(free_run.peak_reserved, 2 * MIB)
             capped = _core.replay(trace.core, policy, options, 0, 0, False,
                                   0)
-            assert capped["oom"] is None, (path, policy)
-            assert capped["peak_reserved"] == free_run.peak_reserved
-            assert capped["calls"] == free_run.calls
+            assert capped.oom is None, (path, policy)
+            assert capped.peak_reserved == free_run.peak_reserved
+            assert capped.calls == free_run.calls
 
 
 def test_every_policy_keeps_its_invariants(synthetic: List[str]) -> None:
@@ -829,3 +843,73 @@ def test_bench_preallocate_says_which_policies_preallocate(
     fit_claim = next(c for c in data["comparisons"]
                      if c["claim"].startswith("jaxlake U_fit"))
     assert fit_claim["ok"] is True  # 1.0 against 0.7 and 0.7
+
+
+# -- the merge of a trace's devices (one core call) --------------------------
+
+
+def _three_devices(tmp_path: pathlib.Path) -> tracefile.Trace:
+    """Devices of different shapes: 0 grows to 12 MiB in steps, 1 holds
+    one 14 MiB buffer late, 2 churns small buffers from the start."""
+    path = tmp_path / "three.jsonl"
+    with TraceWriter(path, "three", devices=3) as w:
+        for i in range(6):
+            w.alloc(i, 2 * MIB + 1000, dev=0)
+            w.alloc(100 + i, 300 << 10, dev=2)
+            w.free(100 + i, dev=2)
+        for i in range(0, 6, 2):
+            w.free(i, dev=0)
+        w.alloc(50, 14 * MIB, dev=1)
+        w.alloc(51, 6 * MIB, dev=0)
+        w.free(50, dev=1)
+        for i in (1, 3, 5, 51):
+            w.free(i, dev=0)
+    return tracefile.read_trace(path)
+
+
+def test_a_trace_replay_merges_its_devices_as_their_sum(
+        tmp_path: pathlib.Path) -> None:
+    trace = _three_devices(tmp_path)
+    for policy in replay.policy_names():
+        merged = replay.replay(trace, policy, "10MiB", timing=False,
+                               fit=True)
+        parts = [_core.replay(trace.core, policy, replay._options(
+            replay.device_bytes(trace.core.peak_live(d)), None), d, 1000,
+            False, 0) for d in range(3)]
+        assert merged.devices == 3
+        for key in ("events", "allocs", "frees", "peak_live",
+                    "peak_reserved"):
+            assert getattr(merged, key) == \
+                sum(getattr(p, key) for p in parts), (policy, key)
+        assert merged.calls == {k: sum(p.calls[k] for p in parts)
+                                for k in parts[0].calls}
+        assert merged.counters == {k: sum(p.counters[k] for p in parts)
+                                   for k in parts[0].counters}
+        # the timelines on the union of their events, each device holding
+        # its last point between its own
+        keys = sorted({e for p in parts for e in p.timeline_event})
+        reserved = [0] * len(keys)
+        for p in parts:
+            at = dict(zip(p.timeline_event, p.timeline_reserved))
+            last = 0
+            for i, k in enumerate(keys):
+                last = at.get(k, last)
+                reserved[i] += last
+        assert merged.timeline_event == keys
+        assert merged.timeline_reserved == reserved
+        # under 10 MiB a device runs out: the earliest failure of all
+        capped = [_core.replay(trace.core, policy,
+                               replay._options(10 * MIB, None), d, 0, False,
+                               0) for d in range(3)]
+        ooms = [(p.oom[0], d) for d, p in enumerate(capped)
+                if p.oom is not None]
+        assert ooms and merged.oom is not None, policy
+        assert (merged.oom.event, merged.oom.device) == min(ooms), policy
+        assert merged.capped_peak_reserved == sum(
+            c.peak_reserved if p.peak_reserved > 10 * MIB else p.peak_reserved
+            for c, p in zip(capped, parts))
+        # each device's fit, in the same call
+        fits = [int(trace.core.peak_live(d)) for d in range(3)]
+        assert merged.fit_capacity is not None and \
+            merged.fit_capacity >= max(fits)
+        assert merged.u_fit is not None and 0 < merged.u_fit <= 1

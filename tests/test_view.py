@@ -139,10 +139,10 @@ def test_snapshots_agree_with_the_replay_of_the_jaxlake_policy() -> None:
     run = _core.replay(trace.core, "jaxlake",
                        _options(device_bytes(int(trace.core.peak_live(0))),
                                 None), 0, n, False, 5)
-    assert run["check_error"] == ""
-    assert run["timeline_event"] == list(range(n))  # one point per event
-    reserved = run["timeline_reserved"]
-    counters = run["counters"]
+    assert run.check_error == ""
+    assert run.timeline_event == list(range(n))  # one point per event
+    reserved = run.timeline_reserved
+    counters = run.counters
     served = [STATES[s] for s in r["served"] if s != 255]
     for state in ("small", "fit", "split", "grow"):
         assert served.count(state) == counters[f"alloc_{state}"], state

@@ -123,10 +123,11 @@ ReplayResult ReplayOnce(const Trace& trace, Policy& policy,
   ReplayResult r;
   r.policy = policy.name();
   r.device = options.device;
-  const std::vector<TraceEvent>& events = trace.events;
+  const std::vector<TraceFileEvent>& events = trace.events;
 
   std::uint64_t device_events = 0;
-  for (const TraceEvent& e : events) device_events += e.dev == options.device;
+  for (const TraceFileEvent& e : events)
+    device_events += e.dev == options.device;
 
   std::vector<std::uintptr_t> address(trace.slots, 0);
   std::vector<std::uint8_t> valid(trace.slots, 0);
@@ -173,7 +174,7 @@ ReplayResult ReplayOnce(const Trace& trace, Policy& policy,
   std::uint64_t since_check = 0;
   const auto start = Clock::now();
   for (std::size_t i = 0; i < events.size(); ++i) {
-    const TraceEvent& e = events[i];
+    const TraceFileEvent& e = events[i];
     if (e.dev != options.device) continue;
     if (seen++ == half) {
       reached_half = true;

@@ -35,7 +35,7 @@ bool FitCapacity(const Trace& trace, const std::string& policy,
   };
   // The device's peak live bytes, from the trace itself.
   std::uint64_t peak = 0, live = 0;
-  for (const TraceEvent& e : trace.events) {
+  for (const TraceFileEvent& e : trace.events) {
     if (e.dev != options.device) continue;
     live = e.alloc ? live + e.size : live - e.size;
     peak = std::max(peak, live);

@@ -23,7 +23,7 @@ bool ByStitchedRange(AllocState s) {
 LakeViewResult ReplayLakeView(const Trace& trace, const PolicyOptions& policy,
                               const LakeViewOptions& options) {
   LakeViewResult r;
-  const std::vector<TraceEvent>& events = trace.events;
+  const std::vector<TraceFileEvent>& events = trace.events;
   r.served.assign(events.size(), kNotServed);
   vmm::SimOptions sim;
   LakeOptions lake_options;
@@ -57,7 +57,7 @@ LakeViewResult ReplayLakeView(const Trace& trace, const PolicyOptions& policy,
   std::vector<LakeViewSnapshot> regular;
 
   for (std::size_t i = 0; i < events.size(); ++i) {
-    const TraceEvent& e = events[i];
+    const TraceFileEvent& e = events[i];
     if (e.dev != options.device) continue;
     std::uint8_t why = 0;
     while (next_asked != asked.end() && *next_asked < i) ++next_asked;

@@ -270,7 +270,7 @@ class Builder {
 
   // Adds an event after the semantic checks; throws LineError on a problem.
   // has_t: whether the line gave a time; free_size: 0 when not given.
-  void Add(TraceEvent e, bool has_t) {
+  void Add(TraceFileEvent e, bool has_t) {
     if (e.dev >= trace_->devices)
       Fail("\"dev\" " + std::to_string(e.dev) + " is not below devices=" +
            std::to_string(trace_->devices) + " (from the header)");
@@ -396,7 +396,7 @@ void ParseHeader(const char* b, const char* e, Trace* trace) {
 void ParseEvent(const char* b, const char* e, std::uint32_t line,
                 Builder* builder) {
   Json j(b, e);
-  TraceEvent ev;
+  TraceFileEvent ev;
   ev.line = line;
   int op = -1;  // 1 alloc, 0 free
   bool has_id = false, has_size = false, has_t = false;
@@ -628,7 +628,7 @@ void ParseCsv(const char* data, std::size_t size, Trace* trace,
         Fail("expected " + std::to_string(ncols) + " comma-separated fields, "
              "got " + std::to_string(f.size()));
       const auto& action = f[col[kAction]];
-      TraceEvent ev;
+      TraceFileEvent ev;
       ev.line = n;
       if (EqualsNoCase(action.first, action.second, "allocate")) {
         ev.alloc = true;
@@ -727,7 +727,7 @@ std::string WriteJsonl(const Trace& trace, const std::string& header) {
   out.reserve(header.size() + 1 + trace.events.size() * 72);
   out += header;
   out += '\n';
-  for (const TraceEvent& e : trace.events) {
+  for (const TraceFileEvent& e : trace.events) {
     out += "{\"t\":";
     AppendU64(&out, e.t);
     out += e.alloc ? ",\"op\":\"alloc\",\"id\":" : ",\"op\":\"free\",\"id\":";
@@ -755,7 +755,7 @@ bool WriteCsv(const Trace& trace, std::string* out, std::string* error) {
   out->reserve(48 + trace.events.size() * 56);
   *out += "Thread,Time,Action,Pointer,Size,Stream\n";
   char time[40];
-  for (const TraceEvent& e : trace.events) {
+  for (const TraceFileEvent& e : trace.events) {
     if (e.dev != 0) {
       *error = "line " + std::to_string(e.line) + ": an event on device " +
                std::to_string(e.dev) +

@@ -36,7 +36,9 @@ namespace jaxlake::replay {
 
 const char* KindName(std::uint8_t kind);  // "" for 0
 
-struct TraceEvent {
+// One event of a trace file (docs/traces.md), as the replay reads it; not
+// the lake's own record of a call (jaxlake::TraceEvent, cc/lake/lake.h).
+struct TraceFileEvent {
   std::uint64_t t = 0;
   std::uint64_t id = 0;
   std::uint64_t size = 0;    // requested bytes (a free: its allocation's)
@@ -57,7 +59,7 @@ struct Trace {
   std::string header;  // the JSON header line as written (empty for CSV)
   std::uint32_t header_line = 0;  // its line number
   std::uint32_t devices = 1;
-  std::vector<TraceEvent> events;
+  std::vector<TraceFileEvent> events;
   std::uint32_t slots = 0;      // slots used (the most allocations live)
   std::uint32_t lines = 0;      // lines read
   // The first problem that stopped the parse (empty reason when none): in

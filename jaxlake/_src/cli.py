@@ -12,9 +12,10 @@ from typing import Callable, List, Optional, Sequence
 from jaxlake._src.bench import cli as bench_cli
 from jaxlake._src.fit import cli as fit_cli
 from jaxlake._src.view import cli as view_cli
-from jaxlake._src.core import demo
+from jaxlake._src.lake import demo
 from jaxlake._src.xla import cli as xla_cli
 from jaxlake._src.options import OPTIONS, Option, format_size
+from jaxlake._src.version import version
 
 
 def _default(option: Option) -> str:
@@ -73,13 +74,12 @@ def attach_values(argv: Sequence[str],
 
 def build_parser() -> argparse.ArgumentParser:
     """The `jaxlake` parser with every subcommand."""
-    from jaxlake import __version__
     parser = argparse.ArgumentParser(
         prog="jaxlake",
         description="jaxlake: a GPU memory allocator that stitches free "
                     "memory together (GMLake-style virtual memory stitching).")
     parser.add_argument("--version", action="version",
-                        version=f"jaxlake {__version__}")
+                        version=f"jaxlake {version()}")
     commands = parser.add_subparsers(dest="command", metavar="COMMAND")
     # Each module adds its subcommands with a handler: args -> exit status.
     bench_cli.register(commands)

@@ -48,7 +48,8 @@ class DriverError(JaxlakeError, RuntimeError):
 
 
 class InvariantError(JaxlakeError, AssertionError):
-    """Lake.check() found a broken invariant (a bug in jaxlake)."""
+    """Lake.check(), or a replay's periodic check, found a broken invariant
+    (a bug in jaxlake or in a replayed policy's model)."""
 
 
 def status_error(status: str, message: str, nbytes: int = 0,

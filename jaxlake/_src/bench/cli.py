@@ -229,11 +229,13 @@ def register(commands: Any) -> None:
         "bench", help="replay the bundled trace suite through every policy "
                       "and compare them",
         description="Replays every trace of the suite through jaxlake and "
-                    "the modelled baselines (XLA's BFC, PyTorch's caching "
-                    "allocator and expandable segments, GMLake), prints a "
-                    "table of trace x policy with geometric means and the "
-                    "tracked comparisons, and writes results.json and "
-                    "memory plots. See docs/benchmarks.md.")
+                    "the modelled baselines (" + ", ".join(
+                        name for name, _ in columns.POLICY_DOCS
+                        if name != "jaxlake") + "; the table's notes say "
+                    "what each models), prints a table of trace x policy "
+                    "with geometric means and the tracked comparisons, and "
+                    "writes results.json and memory plots. See "
+                    "docs/benchmarks.md.")
     b.add_argument("--suite", metavar="DIR",
                    help="a folder of traces (*.jsonl.gz, *.jsonl, RMM "
                         "*.csv); default: the traces installed with jaxlake")

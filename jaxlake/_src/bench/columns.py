@@ -19,15 +19,28 @@ import dataclasses
 import math
 import shutil
 import textwrap
-from typing import (TYPE_CHECKING, Callable, Iterable, List, Optional,
-                    Sequence, Tuple)
+from typing import (Callable, Dict, Iterable, List, Optional, Sequence,
+                    Tuple)
 
 from jaxlake._src.bench.replay import ReplayResult
 from jaxlake._src.options import format_bytes
 from jaxlake._src.table import format_table
 
-if TYPE_CHECKING:  # suite imports this module
-    from jaxlake._src.bench.suite import TraceResults
+
+@dataclasses.dataclass
+class TraceResults:
+    """One trace's replays: a row group of the tables."""
+
+    name: str
+    path: str
+    events: int
+    devices: int
+    peak_live: int
+    load_s: float
+    results: List[ReplayResult]
+
+    def by_policy(self) -> Dict[str, ReplayResult]:
+        return {r.policy: r for r in self.results}
 
 
 def geomean(values: Iterable[float]) -> float:
@@ -175,7 +188,7 @@ def policy_doc(name: str) -> str:
     return dict(POLICY_DOCS).get(name, "")
 
 
-def table_rows(suite: Sequence["TraceResults"],
+def table_rows(suite: Sequence[TraceResults],
                columns: Sequence[Column] = COLUMN_TABLE) -> List[List[str]]:
     """A row per trace and policy: trace (first row of a trace only),
     policy, then `columns`' cells."""
@@ -184,7 +197,7 @@ def table_rows(suite: Sequence["TraceResults"],
             for tr in suite for i, r in enumerate(tr.results)]
 
 
-def summary_rows(suite: Sequence["TraceResults"],
+def summary_rows(suite: Sequence[TraceResults],
                  columns: Sequence[Column] = COLUMN_TABLE
                  ) -> List[List[str]]:
     """A "geomean" row per policy: its figures over the suite."""
@@ -198,7 +211,7 @@ def summary_rows(suite: Sequence["TraceResults"],
     return rows
 
 
-def grouped_rows(suite: Sequence["TraceResults"],
+def grouped_rows(suite: Sequence[TraceResults],
                  columns: Sequence[Column] = COLUMN_TABLE,
                  summary: bool = True) -> List[Optional[List[str]]]:
     """table_rows with a rule (None) after each trace, then the summary."""
@@ -214,7 +227,7 @@ def grouped_rows(suite: Sequence["TraceResults"],
     return out
 
 
-def narrow_table(suite: Sequence["TraceResults"], columns: Sequence[Column],
+def narrow_table(suite: Sequence[TraceResults], columns: Sequence[Column],
                  summary: bool = True) -> str:
     """The narrow layout: a policy column and `columns`, each trace's name
     on a line of its own above its policies (so long names do not widen
@@ -302,7 +315,7 @@ def wrap_lines(text: str, width: Optional[int] = None,
     return "\n".join(out)
 
 
-def render(suite: Sequence["TraceResults"], wide: bool = False,
+def render(suite: Sequence[TraceResults], wide: bool = False,
            width: Optional[int] = None, summary: bool = True) -> str:
     """The table, its legend and the policies, to fit `width` columns (the
     terminal's by default): the wide layout when it fits or when `wide`,

@@ -13,11 +13,15 @@ import difflib
 import json
 import math
 import re
-from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
+from typing import (TYPE_CHECKING, Any, Dict, List, Optional, Sequence, Tuple,
+                    Union)
 
-from jaxlake._src.errors import JaxlakeError
+from jaxlake._src.errors import InvariantError, JaxlakeError
 from jaxlake._src.options import MIB, format_size, parse_size
 from jaxlake._src.trace.tracefile import Trace
+
+if TYPE_CHECKING:
+    from jaxlake import _core as _core_types
 
 #: Driver-call kinds that manage memory (event calls are reported apart).
 MEMORY_CALLS = ("reserve", "address_free", "create", "release", "map",
@@ -554,17 +558,6 @@ def timing_rounds(device_events: int) -> int:
     return max(1, min(MAX_TIMING_ROUNDS, -(-TIMED_CALLS // device_events)))
 
 
-def _one(trace: Trace, policy: str, options: Any, device: int,
-         timeline_points: int, timing: bool,
-         check_every: int, rounds: int = 1) -> Dict[str, Any]:
-    try:
-        return dict(_core().replay(trace.core, policy, options, device,
-                                   timeline_points, timing, check_every,
-                                   rounds))
-    except ValueError as e:
-        raise PolicyError(str(e)) from None
-
-
 def _options(capacity: int, overrides: Optional[Dict[str, Any]],
              latency: Optional[Latency] = None) -> Any:
     core = _core()
@@ -582,35 +575,44 @@ def _options(capacity: int, overrides: Optional[Dict[str, Any]],
     return o
 
 
-def _merge_timelines(parts: List[Dict[str, Any]]) -> Tuple[List[int],
-                                                          List[int],
-                                                          List[int]]:
-    """Sums per-device timelines on their shared event axis, each device
-    holding its last value where it has no point."""
-    if len(parts) == 1:
-        p = parts[0]
-        return (list(p["timeline_event"]), list(p["timeline_live"]),
-                list(p["timeline_reserved"]))
-    keys = sorted({e for p in parts for e in p["timeline_event"]})
-    live = [0] * len(keys)
-    reserved = [0] * len(keys)
-    for p in parts:
-        points = dict(zip(p["timeline_event"],
-                          zip(p["timeline_live"], p["timeline_reserved"])))
-        last = (0, 0)
-        for i, key in enumerate(keys):
-            last = points.get(key, last)
-            live[i] += last[0]
-            reserved[i] += last[1]
-    return keys, live, reserved
+def out_of_memory(figures: "_core_types.ReplayResult") -> Optional[OutOfMemory]:
+    """Where a replay (merged: its earliest) ran out of memory, or None."""
+    if figures.oom is None:
+        return None
+    event, line, size, stream, live, reserved = figures.oom
+    return OutOfMemory(device=figures.device, event=event, line=line,
+                       size=size, stream=stream, live=live,
+                       reserved=reserved)
 
 
-def _oom(part: Dict[str, Any]) -> OutOfMemory:
-    oom = part["oom"]
-    return OutOfMemory(device=int(part["device"]), event=int(oom["event"]),
-                       line=int(oom["line"]), size=int(oom["size"]),
-                       stream=int(oom["stream"]), live=int(oom["live"]),
-                       reserved=int(oom["reserved"]))
+def _result(trace: Trace, policy: str, figures: "_core_types.ReplayResult",
+            devices: int, latency: Optional[Latency]) -> ReplayResult:
+    """The result of a replay merged over `devices` devices (the core's
+    replay_trace merges them: sums, the busiest device's call times, the
+    timelines on a shared event axis, the earliest out-of-memory)."""
+    alloc, free = figures.alloc_times, figures.free_times
+    ops = alloc.count + free.count
+    return ReplayResult(
+        trace=trace.name, policy=policy, devices=devices,
+        events=figures.events, allocs=figures.allocs, frees=figures.frees,
+        peak_live=figures.peak_live, peak_reserved=figures.peak_reserved,
+        waste=figures.waste, utilisation=figures.utilisation,
+        calls=figures.calls, counters=figures.counters,
+        median_ns=figures.median_ns,
+        alloc_p50_ns=alloc.p50_ns, alloc_p99_ns=alloc.p99_ns,
+        free_p50_ns=free.p50_ns, free_p99_ns=free.p99_ns,
+        mean_ns=(alloc.total_ns + free.total_ns) / ops if ops else 0.0,
+        wall_s=figures.wall_s, events_per_s=figures.events_per_s,
+        timeline_event=figures.timeline_event,
+        timeline_live=figures.timeline_live,
+        timeline_reserved=figures.timeline_reserved,
+        calls_second_half=figures.calls_second_half,
+        driver_us=figures.driver_us,
+        driver_us_second_half=figures.driver_us_second_half,
+        latency_source=latency.source if latency else "defaults",
+        timing_rounds=figures.timing_rounds,
+        # the device itself too small
+        oom=out_of_memory(figures))
 
 
 def replay(trace: Trace, policy: str,
@@ -654,46 +656,45 @@ def replay(trace: Trace, policy: str,
     sizes = {d: device_bytes(live[d], caps.get(d)) for d in devices}
     if rounds is not None and rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
-    device_options = {d: _options(sizes[d], options, latency)
-                      for d in devices}
-    parts = [_one(trace, policy, device_options[d], d,
-                  timeline_points, timing, check_every,
-                  rounds or timing_rounds(counts[d])) for d in devices]
-    for p in parts:
-        if p["check_error"]:
-            raise AssertionError(f"{policy} on {trace.name}, device "
-                                 f"{p['device']}: {p['check_error']}")
-    result = _result(trace, policy, parts, latency)
+    device_options = [_options(sizes[d], options, latency) for d in devices]
+    capped_options = [_options(caps[d], options, latency)
+                      for d in devices] if cap else None
+    try:
+        run: "_core_types.TraceReplay" = _core().replay_trace(
+            trace.core, policy, devices, device_options, capped_options,
+            timeline_points, timing, check_every,
+            [rounds or timing_rounds(counts[d]) for d in devices], fit,
+            capped_figures)
+    except ValueError as e:
+        raise PolicyError(str(e)) from None
+    if run.check_error:
+        raise InvariantError(f"{policy} on {trace.name}, device "
+                             f"{run.check_device}: {run.check_error}")
+    if run.capped_check_error:
+        raise InvariantError(f"{policy} on {trace.name} under a cap: "
+                             f"{run.capped_check_error}")
+    result = _result(trace, policy, run.uncapped, run.devices, latency)
     result.device_memory = max(sizes.values())
-    gran = {d: int(device_options[d].granularity) for d in devices}
+    gran = {d: int(o.granularity) for d, o in zip(devices, device_options)}
     result.min_reserved = sum(-(-live[d] // gran[d]) * gran[d]
                               for d in devices)
-    if fit:
-        _fit(result, trace, policy, device_options, sizes)
-    if cap is None:
+    if run.fit_devices:
+        result.fit_capacity = run.fit_capacity
+        result.fit_nonmonotone = run.fit_nonmonotone
+        result.fit_calls = run.fit_calls
+        result.fit_calls_second_half = run.fit_calls_second_half
+        result.fit_driver_us = run.fit_driver_us
+    if run.fit_asked and run.fit_found:
+        result.u_fit = run.u_fit
+    if cap is None or run.capped is None:
         return result
-    capped_parts: List[Dict[str, Any]] = []
-    for p in parts:
-        d = int(p["device"])
-        if p["peak_reserved"] <= caps[d]:
-            capped_parts.append(p)
-            continue
-        c = _one(trace, policy, _options(caps[d], options, latency), d,
-                 timeline_points if capped_figures else 0,
-                 timing and capped_figures, check_every,
-                 rounds or timing_rounds(counts[d]) if capped_figures else 1)
-        if c["check_error"]:
-            raise AssertionError(f"{policy} on {trace.name} under a cap: "
-                                 f"{c['check_error']}")
-        capped_parts.append(c)
     result.capacity = max(caps.values())
-    result.capped_peak_reserved = int(sum(c["peak_reserved"]
-                                          for c in capped_parts))
-    first = _first_oom(capped_parts)
+    result.capped_peak_reserved = run.capped.peak_reserved
+    first = out_of_memory(run.capped)
     if first is not None:
         result.oom = first
     if capped_figures:
-        capped = _result(trace, policy, capped_parts, latency)
+        capped = _result(trace, policy, run.capped, run.devices, latency)
         capped.device_memory = result.capacity
         capped.min_reserved = result.min_reserved
         capped.capacity = result.capacity
@@ -704,98 +705,3 @@ def replay(trace: Trace, policy: str,
             setattr(capped, name, getattr(result, name))
         result.capped = capped
     return result
-
-
-def _first_oom(parts: Sequence[Dict[str, Any]]) -> Optional[OutOfMemory]:
-    first = min((p for p in parts if p["oom"] is not None),
-                key=lambda p: p["oom"]["event"], default=None)
-    return None if first is None else _oom(first)
-
-
-def _result(trace: Trace, policy: str, parts: Sequence[Dict[str, Any]],
-            latency: Optional[Latency]) -> ReplayResult:
-    """The figures of one replay of each device (`parts`), summed."""
-    def total(key: str) -> int:
-        return int(sum(p[key] for p in parts))
-
-    calls: Dict[str, int] = {}
-    calls_half: Dict[str, int] = {}
-    drv_us: Dict[str, float] = {}
-    drv_us_half: Dict[str, float] = {}
-    counters: Dict[str, int] = {}
-    for p in parts:
-        for k, v in p["calls"].items():
-            calls[k] = calls.get(k, 0) + int(v)
-        for k, v in p["calls_second_half"].items():
-            calls_half[k] = calls_half.get(k, 0) + int(v)
-        for k, v in p["driver_us"].items():
-            drv_us[k] = drv_us.get(k, 0.0) + float(v)
-        for k, v in p["driver_us_second_half"].items():
-            drv_us_half[k] = drv_us_half.get(k, 0.0) + float(v)
-        for k, v in p["counters"].items():
-            counters[k] = counters.get(k, 0) + int(v)
-    # Per-call times: those of the busiest device.
-    main = max(parts, key=lambda p: p["events"])
-    ops = main["alloc_times"]["count"] + main["free_times"]["count"]
-    mean = ((main["alloc_times"]["total_ns"] + main["free_times"]["total_ns"])
-            / ops) if ops else 0.0
-    events = total("events")
-    wall = sum(p["wall_s"] for p in parts)
-    peak_live = total("peak_live")
-    peak_reserved = total("peak_reserved")
-    t_event, t_live, t_reserved = _merge_timelines(list(parts))
-    result = ReplayResult(
-        trace=trace.name, policy=policy, devices=len(parts), events=events,
-        allocs=total("allocs"), frees=total("frees"), peak_live=peak_live,
-        peak_reserved=peak_reserved, waste=peak_reserved - peak_live,
-        utilisation=peak_live / peak_reserved if peak_reserved else 0.0,
-        calls=calls, counters=counters, median_ns=float(main["median_ns"]),
-        alloc_p50_ns=float(main["alloc_times"]["p50_ns"]),
-        alloc_p99_ns=float(main["alloc_times"]["p99_ns"]),
-        free_p50_ns=float(main["free_times"]["p50_ns"]),
-        free_p99_ns=float(main["free_times"]["p99_ns"]),
-        mean_ns=mean, wall_s=wall,
-        events_per_s=events / wall if wall > 0 else 0.0,
-        timeline_event=t_event, timeline_live=t_live,
-        timeline_reserved=t_reserved, calls_second_half=calls_half,
-        driver_us=drv_us, driver_us_second_half=drv_us_half,
-        latency_source=latency.source if latency else "defaults",
-        timing_rounds=int(main["timing_rounds"]))
-    # the device itself too small
-    result.oom = _first_oom(parts)
-    return result
-
-
-def _fit(result: ReplayResult, trace: Trace, policy: str,
-         device_options: Dict[int, Any], sizes: Dict[int, int]) -> None:
-    """Fills result's fit fields, device by device."""
-    total_fit = 0
-    total_live = 0
-    for d, o in device_options.items():
-        f = dict(_core().fit(trace.core, policy, o, d, sizes[d]))
-        if not f["found"]:
-            return
-        total_fit += int(f["capacity"])
-        total_live += int(f["peak_live"])
-        result.fit_capacity = max(result.fit_capacity or 0,
-                                  int(f["capacity"]))
-        result.fit_nonmonotone |= bool(f["nonmonotone"])
-        at = f["at_fit"]
-        for key, into in (("calls", result.fit_calls),
-                          ("calls_second_half", result.fit_calls_second_half)):
-            for k, v in at[key].items():
-                into[k] = into.get(k, 0) + int(v)
-        for k, v in at["driver_us"].items():
-            result.fit_driver_us[k] = result.fit_driver_us.get(k, 0.0) + \
-                float(v)
-    result.u_fit = total_live / total_fit if total_fit else 0.0
-
-
-def replay_all(trace: Trace, policies: Optional[Sequence[str]] = None,
-               capacity: Union[Capacity, int, str, None] = None,
-               **kwargs: Any) -> List[ReplayResult]:
-    """replay() for each policy (all by default), in table order."""
-    names = check_policies(policies) if policies else list(policy_names())
-    cap = capacity if isinstance(capacity, Capacity) or capacity is None \
-        else Capacity.parse(capacity)
-    return [replay(trace, name, cap, **kwargs) for name in names]

@@ -23,13 +23,15 @@ from typing import (Any, Callable, Dict, List, Optional, Sequence,
 
 from jaxlake._src.trace import tracefile
 from jaxlake._src.options import MIB, format_bytes
-from jaxlake._src.bench.replay import (Capacity, Latency, ReplayResult,
-                                       check_policies, policy_names, replay)
+from jaxlake._src.bench.replay import (Capacity, Latency, check_policies,
+                                       policy_names, replay)
 from jaxlake._src.trace.tracefile import TraceWriter
 from jaxlake._src.table import format_table as _format_table
+from jaxlake._src.version import version
 # The table's columns are declared in columns.py; these names stay here for
 # the callers that read them from the suite.
 from jaxlake._src.bench.columns import COLUMNS as COLUMNS
+from jaxlake._src.bench.columns import TraceResults as TraceResults
 from jaxlake._src.bench.columns import format_ns as format_ns
 from jaxlake._src.bench.columns import geomean as geomean
 from jaxlake._src.bench.columns import grouped_rows as grouped_rows
@@ -110,20 +112,6 @@ class Progress:
 
 
 # -- running -----------------------------------------------------------------
-
-
-@dataclasses.dataclass
-class TraceResults:
-    name: str
-    path: str
-    events: int
-    devices: int
-    peak_live: int
-    load_s: float
-    results: List[ReplayResult]
-
-    def by_policy(self) -> Dict[str, ReplayResult]:
-        return {r.policy: r for r in self.results}
 
 
 def run_suite(paths: Sequence[str], policies: Optional[Sequence[str]] = None,
@@ -383,11 +371,10 @@ def speed_lines(suite: Sequence[TraceResults]) -> str:
 def results_json(suite: Sequence[TraceResults],
                  capacity: Optional[Capacity],
                  extra: Optional[Dict[str, Any]] = None) -> Dict[str, Any]:
-    from jaxlake import __version__
     return {
         "format": "jaxlake-bench",
         "version": 1,
-        "jaxlake": __version__,
+        "jaxlake": version(),
         "capacity": str(capacity) if capacity else None,
         "policies": [r.policy for r in suite[0].results] if suite else [],
         "traces": [{

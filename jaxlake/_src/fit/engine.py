@@ -160,21 +160,6 @@ def fake_gpu_problem(output: str) -> Optional[str]:
     return None
 
 
-def fake_gpu_available() -> Optional[str]:
-    """None when `jaxlake run --fake-gpu` exists in this jaxlake, else why
-    not (tests skip on it)."""
-    from jaxlake._src.cli import build_parser
-    parser = build_parser()
-    for action in parser._actions:  # pylint: disable=protected-access
-        choices = getattr(action, "choices", None)
-        if isinstance(choices, dict) and "run" in choices:
-            run = choices["run"]
-            if any("--fake-gpu" in a.option_strings
-                   for a in run._actions):  # noqa: SLF001
-                return None
-    return "`jaxlake run` has no --fake-gpu option in this jaxlake"
-
-
 class Progress:
     """Shows a candidate's run with its elapsed time: a line updated every
     second on a terminal, a start and an end line otherwise."""

@@ -108,9 +108,12 @@ class TraceWriter:
     allocation of a live id, no free of an id that is not live) and raises
     ValueError at once, so a bad trace is never written silently. Ids are
     live per device.
+
+    `path` None writes into memory: text() returns what was written (what
+    jaxlake.view reads from a Lake's recording).
     """
 
-    def __init__(self, path: PathLike, name: str, devices: int = 1,
+    def __init__(self, path: Optional[PathLike], name: str, devices: int = 1,
                  source: str = "recorder",
                  meta: Optional[Mapping[str, Any]] = None) -> None:
         if not isinstance(name, str) or not name:
@@ -119,7 +122,7 @@ class TraceWriter:
         if not isinstance(source, str) or not source:
             raise ValueError(
                 f"source must be a non-empty string, got {source!r}")
-        self.path = os.fspath(path)
+        self.path = "<memory>" if path is None else os.fspath(path)
         self.name = name
         self.devices = devices
         header = {"format": FORMAT, "version": VERSION, "name": name,
@@ -129,7 +132,11 @@ class TraceWriter:
             line = json.dumps(header, sort_keys=False, default=str)
         except (TypeError, ValueError) as e:
             raise ValueError(f"meta is not JSON-serialisable: {e}") from None
-        self._file: Optional[io.TextIOBase] = _open_write(self.path)
+        self._memory: Optional[io.StringIO] = (
+            io.StringIO() if path is None else None)
+        self._file: Optional[io.TextIOBase] = (
+            self._memory if self._memory is not None
+            else _open_write(self.path))
         self._file.write(line + "\n")
         self._t = -1
         self._live: Set[Tuple[int, int]] = set()
@@ -197,9 +204,18 @@ class TraceWriter:
         """Allocations written and not freed."""
         return len(self._live)
 
+    def text(self) -> str:
+        """What an in-memory writer (path None) has written so far."""
+        if self._memory is None:
+            raise ValueError(f"trace {self.path} is written to a file, not "
+                             "into memory")
+        return self._memory.getvalue()
+
     def close(self) -> None:
-        """Flushes and closes the file (idempotent)."""
-        if self._file is None:
+        """Flushes and closes the file (idempotent); an in-memory writer
+        keeps its text."""
+        if self._file is None or self._file is self._memory:
+            self._file = None
             return
         f, self._file = self._file, None
         raw = getattr(f, "_jaxlake_raw", None)

@@ -7,7 +7,6 @@ plotly, the replays) is imported only when a page is written.
 from __future__ import annotations
 
 import gzip
-import json
 import os
 import zlib
 from typing import TYPE_CHECKING, Any, Dict, Optional, Sequence, Union
@@ -80,20 +79,15 @@ def _from_lake(lake: Any) -> "Trace":
     if not events and not lake.options.get("record_trace", False):
         raise ValueError("this Lake records no trace: create it with "
                          "record_trace=True to view its allocations")
-    header = {"format": tracefile.FORMAT, "version": tracefile.VERSION,
-              "name": "lake", "devices": 1, "source": "jaxlake.Lake",
-              "meta": {"backend": getattr(lake, "backend", "")}}
-    lines = [json.dumps(header)]
-    sizes: Dict[int, int] = {}
+    writer = tracefile.TraceWriter(
+        None, "lake", source="jaxlake.Lake",
+        meta={"backend": getattr(lake, "backend", "")})
     for e in events:
         if e.allocate:
-            sizes[e.address] = e.size
-            lines.append(f'{{"t":{e.time_ns},"op":"alloc","id":{e.address},'
-                         f'"size":{e.size},"stream":{e.stream}}}')
+            writer.alloc(e.address, e.size, stream=e.stream, t=e.time_ns)
         else:
-            lines.append(f'{{"t":{e.time_ns},"op":"free","id":{e.address},'
-                         f'"stream":{e.stream}}}')
-    data = ("\n".join(lines) + "\n").encode()
+            writer.free(e.address, stream=e.stream, t=e.time_ns)
+    data = writer.text().encode()
     return tracefile.parse_trace(data, "<jaxlake.Lake>", format="jsonl")
 
 
@@ -112,7 +106,7 @@ def _trace_context_path(obj: Any) -> Optional[str]:
 
 def load(source: Any, lenient: bool = False) -> "Trace":
     """A parsed trace from what view() accepts."""
-    from jaxlake._src.core.lake import Lake
+    from jaxlake._src.lake.lake import Lake
     from jaxlake._src.trace.recorder import Recorder
     if isinstance(source, tracefile.Trace):
         return source

@@ -30,7 +30,7 @@ import numpy as np
 from jaxlake._src.bench import suite as bench
 from jaxlake._src.bench.replay import (Capacity, ReplayResult, _options,
                                        check_policies, device_bytes,
-                                       policy_names, replay)
+                                       out_of_memory, policy_names, replay)
 from jaxlake._src.options import format_size
 from jaxlake._src.trace.tracefile import KINDS, Trace
 
@@ -182,7 +182,7 @@ def _points(n_events: int, max_points: int) -> Tuple[int, int]:
 
 
 def _timeline(cols: Columns, dev: int, pair: np.ndarray,
-              runs: Dict[str, Dict[str, Any]], unit: Unit, bucket: int,
+              runs: Dict[str, Any], unit: Unit, bucket: int,
               served: np.ndarray) -> Dict[str, Any]:
     mask = cols.dev == dev
     signed = np.where(mask, np.where(cols.alloc, cols.size.astype(np.int64),
@@ -204,8 +204,8 @@ def _timeline(cols: Columns, dev: int, pair: np.ndarray,
                  f"{int(b - a + 1)} events" for a, b in zip(first, last)]
     series = []
     for name, run in runs.items():
-        tx = np.asarray(run["timeline_event"], dtype=np.int64)
-        reserved = np.asarray(run["timeline_reserved"], dtype=np.float64)
+        tx = np.asarray(run.timeline_event, dtype=np.int64)
+        reserved = np.asarray(run.timeline_reserved, dtype=np.float64)
         k = len(tx)
         # The policy's points are the first k of the live line's (a run
         # that ran out of memory stops early); anything else keeps its own.
@@ -216,25 +216,25 @@ def _timeline(cols: Columns, dev: int, pair: np.ndarray,
         peak_res = np.maximum.accumulate(reserved) if k else reserved
         u = np.where(peak_res > 0, peak_live_so_far[:k] /
                      np.maximum(peak_res, 1), 0.0)
-        oom = run.get("oom")
+        oom = out_of_memory(run)
         entry: Dict[str, Any] = {
             "name": name, "y": _round(reserved / unit.bytes),
             "u": _round(u, 3), "oom": None,
             "x": tx.tolist() if own_x else None}
         if oom is not None:
             entry["oom"] = {
-                "event": int(oom["event"]),
-                "y": _round([oom["reserved"] / unit.bytes])[0],
-                "text": (f"{name}: out of memory at event {oom['event']} "
-                         f"(line {oom['line']}): {format_size(oom['size'])} "
-                         f"requested with {format_size(oom['live'])} live and "
-                         f"{format_size(oom['reserved'])} reserved")}
+                "event": oom.event,
+                "y": _round([oom.reserved / unit.bytes])[0],
+                "text": (f"{name}: out of memory at event {oom.event} "
+                         f"(line {oom.line}): {format_size(oom.size)} "
+                         f"requested with {format_size(oom.live)} live and "
+                         f"{format_size(oom.reserved)} reserved")}
         series.append(entry)
     # Stitch markers on the lake's line (or on live when it is not shown).
     lake = runs.get("jaxlake")
-    if lake is not None and len(lake["timeline_event"]):
-        lx = np.asarray(lake["timeline_event"], dtype=np.int64)
-        ly = np.asarray(lake["timeline_reserved"], dtype=np.float64)
+    if lake is not None and len(lake.timeline_event):
+        lx = np.asarray(lake.timeline_event, dtype=np.int64)
+        ly = np.asarray(lake.timeline_reserved, dtype=np.float64)
     else:
         lx, ly = x, live_max.astype(np.float64)
 
@@ -550,11 +550,11 @@ def _device(trace: Trace, cols: Columns, pair: np.ndarray, dev: int,
     core = _core()
     size, cap = _device_sizes(trace, dev, settings.capacity)
     nbytes = cap if cap is not None else size
-    runs: Dict[str, Dict[str, Any]] = {}
+    runs: Dict[str, Any] = {}
     for p in policies:
-        runs[p] = dict(core.replay(trace.core, p,
-                                   _policy_options(settings, nbytes), dev,
-                                   points, False, 0))
+        runs[p] = core.replay(trace.core, p,
+                              _policy_options(settings, nbytes), dev,
+                              points, False, 0)
     mask = cols.dev == dev
     signed = np.where(mask, np.where(cols.alloc, cols.size.astype(np.int64),
                                      -cols.size.astype(np.int64)), 0)
@@ -562,7 +562,7 @@ def _device(trace: Trace, cols: Columns, pair: np.ndarray, dev: int,
     dev_events = int(mask.sum())
     peak_live = int(live_after.max()) if dev_events else 0
     peak_event = int(np.argmax(live_after)) if dev_events else -1
-    peak_reserved = max([peak_live] + [int(r["peak_reserved"])
+    peak_reserved = max([peak_live] + [int(r.peak_reserved)
                                        for r in runs.values()])
     unit = Unit.for_peak(max(peak_reserved, nbytes if cap else 0))
     asked = _snapshot_events(cols, dev, settings.snapshots, peak_event)

@@ -29,7 +29,7 @@ from typing import Dict, List, Optional, Tuple
 
 from jaxlake._src import options as _options
 from jaxlake._src.errors import ConfigurationError
-from jaxlake._src.xla import driver as _driver
+from jaxlake._src.xla import shim as _shim
 
 #: Set in the program's environment: the start-up hook then makes JAX see
 #: the fake devices (install_jax_hook()).
@@ -70,13 +70,13 @@ NOTICE = ("jaxlake run: fake GPU: {count} x NVIDIA {name} ({memory} each). "
 
 def library_path() -> str:
     """Where the fake GPU's library is installed."""
-    return os.path.join(os.path.dirname(_driver.shim_path()),
+    return os.path.join(os.path.dirname(_shim.shim_path()),
                         "libjaxlake_fakegpu.so")
 
 
 def interpose_path() -> str:
     """Where the fake GPU's loader guard is installed."""
-    return os.path.join(os.path.dirname(_driver.shim_path()),
+    return os.path.join(os.path.dirname(_shim.shim_path()),
                         "libjaxlake_fakegpu_interpose.so")
 
 
@@ -167,7 +167,7 @@ def environment(environ: Dict[str, str], model: str, count: int,
     """The variables that put the fake GPU under a program, and the notice
     said once on stderr. Raises ConfigurationError when it cannot run."""
     fake = library_path()
-    shim = _driver.shim_path()
+    shim = _shim.shim_path()
     if not os.path.isfile(fake):
         raise ConfigurationError(
             f"this build of jaxlake has no fake GPU ({fake} is missing; it "
@@ -182,7 +182,7 @@ def environment(environ: Dict[str, str], model: str, count: int,
             "loading NVIDIA's own libraries; reinstall jaxlake")
     env: Dict[str, str] = {
         FAKE_ENV: "1", MODEL_ENV: model, COUNT_ENV: str(count),
-        CUDA_ENV: str(cuda_major()), _driver.REAL_DRIVER_ENV: fake,
+        CUDA_ENV: str(cuda_major()), _shim.REAL_DRIVER_ENV: fake,
     }
     # JAX's own order on a GPU machine (CUDA first, then the CPU), told to
     # programs that look for /dev/nvidia* themselves before starting jax.

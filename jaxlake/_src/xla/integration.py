@@ -44,10 +44,10 @@ from typing import (Any, Dict, Iterator, List, Mapping, MutableMapping,
 
 from jaxlake._src import options as _options
 from jaxlake._src.errors import ConfigurationError
-from jaxlake._src.core.stats import Stats
-# The driver search, the shim and the device probe live in driver.py; their
+from jaxlake._src.lake.stats import Stats
+# The driver search, the shim and the device probe live in shim.py; their
 # names are the integration's too (re-exported for its users).
-from jaxlake._src.xla.driver import (
+from jaxlake._src.xla.shim import (
     CUDA_SUCCESS as CUDA_SUCCESS,
     DRIVER_DIRS as DRIVER_DIRS,
     MIN_DRIVER_VERSION as MIN_DRIVER_VERSION,
@@ -359,7 +359,7 @@ def configure(*, required: bool = False, trace: Optional[str] = None,
     if status.active:
         # jax.Device.memory_stats() then gives the lake's figures.
         from jaxlake._src.xla import memstats
-        memstats.install()
+        memstats.install(_loaded_shim)
     if required and not status.active:
         raise ConfigurationError(
             f"jaxlake.configure(required=True): {status.reason}")

@@ -37,13 +37,16 @@ from __future__ import annotations
 import importlib.abc
 import sys
 import threading
-from typing import Any, Dict, Mapping, Optional
+from typing import Any, Callable, Dict, Mapping, Optional
 
 #: An attribute set on the patched class, holding XLA's own method.
 ORIGINAL_ATTR = "_jaxlake_xla_memory_stats"
 
 _lock = threading.Lock()
 _finder: Optional["_Finder"] = None
+#: The shim of this process, or None (set by install(); until then the
+#: patched method keeps XLA's figures).
+_shim_of: Callable[[], Any] = lambda: None
 
 
 def lake_memory_stats(xla: Optional[Mapping[str, Any]],
@@ -81,8 +84,7 @@ def _device_figures(device: Any, xla: Any) -> Any:
     XLA's own returned."""
     if xla is None or getattr(device, "platform", None) != "gpu":
         return xla
-    from jaxlake._src.xla import integration
-    shim = integration._loaded_shim()  # pylint: disable=protected-access
+    shim = _shim_of()
     ordinal = getattr(device, "local_hardware_id", None)
     if shim is None or not shim.active or ordinal is None:
         return xla
@@ -160,10 +162,12 @@ def _try_patch() -> bool:
     return done
 
 
-def install() -> None:
-    """Makes jax.Device.memory_stats() report the lake's figures: now if
+def install(shim_of: Callable[[], Any]) -> None:
+    """Makes jax.Device.memory_stats() report the lake's figures (those of
+    the shim that `shim_of()` returns, None when there is none): now if
     jax has loaded its Device class, else as soon as it does."""
-    global _finder
+    global _finder, _shim_of
+    _shim_of = shim_of
     if _try_patch():
         return
     with _lock:

@@ -16,7 +16,7 @@ import ctypes
 from typing import Dict, List, TextIO, Tuple
 
 from jaxlake._src.errors import InvariantError, JaxlakeError
-from jaxlake._src.core.lake import Lake
+from jaxlake._src.lake.lake import Lake
 from jaxlake._src.options import MIB, format_size
 
 CHUNK = 2 * MIB

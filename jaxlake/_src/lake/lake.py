@@ -10,7 +10,7 @@ from typing import List, Mapping, NamedTuple, Tuple, Union
 from jaxlake._src import errors
 from jaxlake._src.options import (
     OPTIONS, OptionValue, format_size, resolve_options)
-from jaxlake._src.core.stats import Stats
+from jaxlake._src.lake.stats import Stats
 
 try:
     from jaxlake import _core
