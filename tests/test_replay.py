@@ -829,3 +829,31 @@ def test_bench_preallocate_says_which_policies_preallocate(
     fit_claim = next(c for c in data["comparisons"]
                      if c["claim"].startswith("jaxlake U_fit"))
     assert fit_claim["ok"] is True  # 1.0 against 0.7 and 0.7
+
+
+# -- a request larger than an expandable segment -------------------------------
+
+
+@pytest.mark.parametrize("extra", [[], ["--fit"]])
+def test_torch_expandable_request_larger_than_a_segment_is_out_of_memory(
+        tmp_path: pathlib.Path, extra: List[str]) -> None:
+    # An expandable segment spans 9/8 of the device; a request beyond that
+    # is out of memory (it used to walk past the segment's last block and
+    # die of a division by zero).
+    import subprocess
+    import sys
+    path = tmp_path / "one.jsonl"
+    with TraceWriter(path, "one") as w:
+        w.alloc(1, 30 << 20)
+        w.free(1)
+    out = tmp_path / "r.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "jaxlake", "replay", str(path), "-p",
+         "torch-expandable", "--capacity", "24MiB", "--json", str(out),
+         *extra], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    got = json.loads(out.read_text())["results"]["torch-expandable"]
+    assert got["oom"]["size"] == 30 << 20
+    assert got["capped_peak_reserved"] == 0   # nothing reserved for it
+    if extra:
+        assert got["fit_capacity"] >= 30 << 20
