@@ -913,3 +913,31 @@ def test_a_trace_replay_merges_its_devices_as_their_sum(
         assert merged.fit_capacity is not None and \
             merged.fit_capacity >= max(fits)
         assert merged.u_fit is not None and 0 < merged.u_fit <= 1
+
+
+# -- a request larger than an expandable segment -------------------------------
+
+
+@pytest.mark.parametrize("extra", [[], ["--fit"]])
+def test_torch_expandable_request_larger_than_a_segment_is_out_of_memory(
+        tmp_path: pathlib.Path, extra: List[str]) -> None:
+    # An expandable segment spans 9/8 of the device; a request beyond that
+    # is out of memory (it used to walk past the segment's last block and
+    # die of a division by zero).
+    import subprocess
+    import sys
+    path = tmp_path / "one.jsonl"
+    with TraceWriter(path, "one") as w:
+        w.alloc(1, 30 << 20)
+        w.free(1)
+    out = tmp_path / "r.json"
+    result = subprocess.run(
+        [sys.executable, "-m", "jaxlake", "replay", str(path), "-p",
+         "torch-expandable", "--capacity", "24MiB", "--json", str(out),
+         *extra], capture_output=True, text=True, timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stderr
+    got = json.loads(out.read_text())["results"]["torch-expandable"]
+    assert got["oom"]["size"] == 30 << 20
+    assert got["capped_peak_reserved"] == 0   # nothing reserved for it
+    if extra:
+        assert got["fit_capacity"] >= 30 << 20

@@ -230,6 +230,9 @@ std::int32_t TorchAllocator::find_expandable(Pool& pool, bool small,
   seg.page = page;
   seg.size = (capacity + capacity / 8) / page * page;
   if (seg.size == 0) seg.size = page;
+  // A request larger than a whole segment (9/8 of the device) cannot be
+  // mapped in one: out of memory, with no reservation made.
+  if (size > seg.size) return -1;
   seg.base = device_->reserve_va(seg.size);
   seg.mapped.assign(seg.size / page, false);
   device_->count(vmm::Call::reserve, 1, seg.size);
@@ -251,6 +254,7 @@ std::int32_t TorchAllocator::try_expandable(Pool& pool, bool small,
                                             std::uint64_t stream,
                                             std::size_t size) {
   std::int32_t c = find_expandable(pool, small, stream, size);
+  if (c < 0) return -1;
   if (!blocks_[c].mapped &&
       !map_block(c, std::min(blocks_[c].size, size)))
     return -1;
