@@ -1170,6 +1170,7 @@ CUresult CheckUnsafe() {
   const auto me = std::this_thread::get_id();
   for (auto& [s, sc] : g.streams)
     if (sc.capture->thread == me) sc.capture->invalid = true;
+  fg::CountCaptureRefusal();
   return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 }
 
@@ -1181,6 +1182,7 @@ CUresult CheckEventSync(CUevent event) {
   auto it = g.events.find(e.get());
   if (it == g.events.end()) return CUDA_SUCCESS;
   it->second.capture->invalid = true;
+  fg::CountCaptureRefusal();
   return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 }
 
@@ -1192,6 +1194,7 @@ CUresult CheckSync(CUstream stream) {
   StreamCapture* sc = CaptureOf(s);
   if (sc == nullptr) return CUDA_SUCCESS;
   sc->capture->invalid = true;
+  fg::CountCaptureRefusal();
   return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 }
 
