@@ -1415,6 +1415,32 @@ CUresult AddTyped(void** node, void* graph, void* const* deps, std::size_t n,
   *node = out;
   return CUDA_SUCCESS;
 }
+
+// The node a handle names when it is a node of `type`, else nullptr (its
+// getters and setters then answer CUDA_ERROR_INVALID_VALUE).
+Node* Typed(void* node, int type) {
+  auto* n = static_cast<Node*>(node);
+  return n != nullptr && n->type == type ? n : nullptr;
+}
+
+// A node getter: *out = get(node), for a node of `type` and an `out`.
+template <typename T, typename F>
+CUresult GetTyped(void* node, int type, T* out, F get) {
+  const Node* n = Typed(node, type);
+  if (n == nullptr || out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *out = get(*n);
+  return CUDA_SUCCESS;
+}
+
+// A node setter: set(node) under the graphs' lock, for a node of `type`.
+template <typename F>
+CUresult SetTyped(void* node, int type, F set) {
+  Node* n = Typed(node, type);
+  if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Graphs& g = G();
+  Lock lock(g.mu);
+  return set(n);
+}
 }  // namespace
 
 extern "C" {
@@ -1427,9 +1453,7 @@ FAKE cuGraphAddKernelNode_v2(void** node, void* graph, void* const* deps,
 }
 FAKE cuGraphAddKernelNode(void** node, void* graph, void* const* deps,
                           std::size_t n, const KernelParams* params) {
-  ENTER();
-  return AddTyped(node, graph, deps, n, kKernel,
-                  [&](Node* x) { return SetKernel(x, params); });
+  return cuGraphAddKernelNode_v2(node, graph, deps, n, params);
 }
 
 FAKE cuGraphAddMemcpyNode(void** node, void* graph, void* const* deps,
@@ -1712,28 +1736,18 @@ FAKE cuGraphRemoveDependencies_v2(void* graph, void* const* from,
 
 FAKE cuGraphChildGraphNodeGetGraph(void* node, void** graph) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || graph == nullptr || n->type != kGraph)
-    return CUDA_ERROR_INVALID_VALUE;
-  *graph = n->child.get();
-  return CUDA_SUCCESS;
+  return GetTyped(node, kGraph, graph,
+                  [](const Node& n) -> void* { return n.child.get(); });
 }
 
 FAKE cuGraphKernelNodeGetParams_v2(void* node, KernelParams* params) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || params == nullptr || n->type != kKernel)
-    return CUDA_ERROR_INVALID_VALUE;
-  *params = n->kernel;
-  return CUDA_SUCCESS;
+  return GetTyped(node, kKernel, params,
+                  [](const Node& n) { return n.kernel; });
 }
 FAKE cuGraphKernelNodeSetParams_v2(void* node, const KernelParams* params) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || n->type != kKernel) return CUDA_ERROR_INVALID_VALUE;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  return SetKernel(n, params);
+  return SetTyped(node, kKernel, [&](Node* n) { return SetKernel(n, params); });
 }
 FAKE cuGraphKernelNodeGetParams(void* node, KernelParams* params) {
   return cuGraphKernelNodeGetParams_v2(node, params);
@@ -1747,131 +1761,89 @@ FAKE cuGraphKernelNodeSetParams(void* node, const KernelParams* params) {
 FAKE cuGraphKernelNodeSetAttribute(void* node, int /*attr*/,
                                    const void* value) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || value == nullptr || n->type != kKernel)
-    return CUDA_ERROR_INVALID_VALUE;
-  return CUDA_SUCCESS;
+  return Typed(node, kKernel) != nullptr && value != nullptr
+             ? CUDA_SUCCESS
+             : CUDA_ERROR_INVALID_VALUE;
 }
 FAKE cuGraphKernelNodeGetAttribute(void* node, int /*attr*/, void* value) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || value == nullptr || n->type != kKernel)
+  if (Typed(node, kKernel) == nullptr || value == nullptr)
     return CUDA_ERROR_INVALID_VALUE;
   std::memset(value, 0, 64);  // CUlaunchAttributeValue: the defaults
   return CUDA_SUCCESS;
 }
 FAKE cuGraphKernelNodeCopyAttributes(void* dst, void* src) {
   ENTER();
-  auto* a = static_cast<Node*>(dst);
-  auto* b = static_cast<Node*>(src);
-  if (a == nullptr || b == nullptr || a->type != kKernel ||
-      b->type != kKernel)
-    return CUDA_ERROR_INVALID_VALUE;
-  return CUDA_SUCCESS;
+  return Typed(dst, kKernel) != nullptr && Typed(src, kKernel) != nullptr
+             ? CUDA_SUCCESS
+             : CUDA_ERROR_INVALID_VALUE;
 }
 
 FAKE cuGraphMemcpyNodeGetParams(void* node, Memcpy3D* params) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || params == nullptr || n->type != kMemcpy)
-    return CUDA_ERROR_INVALID_VALUE;
-  *params = n->copy;
-  return CUDA_SUCCESS;
+  return GetTyped(node, kMemcpy, params, [](const Node& n) { return n.copy; });
 }
 FAKE cuGraphMemcpyNodeSetParams(void* node, const Memcpy3D* params) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || n->type != kMemcpy) return CUDA_ERROR_INVALID_VALUE;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  return SetCopy(n, params);
+  return SetTyped(node, kMemcpy, [&](Node* n) { return SetCopy(n, params); });
 }
 FAKE cuGraphMemsetNodeGetParams(void* node, MemsetParams* params) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || params == nullptr || n->type != kMemset)
-    return CUDA_ERROR_INVALID_VALUE;
-  *params = n->memset;
-  return CUDA_SUCCESS;
+  return GetTyped(node, kMemset, params,
+                  [](const Node& n) { return n.memset; });
 }
 FAKE cuGraphMemsetNodeSetParams(void* node, const MemsetParams* params) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || n->type != kMemset) return CUDA_ERROR_INVALID_VALUE;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  return SetMemset(n, params);
+  return SetTyped(node, kMemset,
+                  [&](Node* n) { return SetMemset(n, params); });
 }
 FAKE cuGraphHostNodeGetParams(void* node, HostParams* params) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || params == nullptr || n->type != kHost)
-    return CUDA_ERROR_INVALID_VALUE;
-  *params = n->host;
-  return CUDA_SUCCESS;
+  return GetTyped(node, kHost, params, [](const Node& n) { return n.host; });
 }
 FAKE cuGraphHostNodeSetParams(void* node, const HostParams* params) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || n->type != kHost) return CUDA_ERROR_INVALID_VALUE;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  return SetHost(n, params);
+  return SetTyped(node, kHost, [&](Node* n) { return SetHost(n, params); });
 }
 FAKE cuGraphEventRecordNodeGetEvent(void* node, CUevent* event) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || event == nullptr || n->type != kEventRecord)
-    return CUDA_ERROR_INVALID_VALUE;
-  *event = static_cast<CUevent>(n->event_handle);
-  return CUDA_SUCCESS;
+  return GetTyped(node, kEventRecord, event, [](const Node& n) {
+    return static_cast<CUevent>(n.event_handle);
+  });
 }
 FAKE cuGraphEventWaitNodeGetEvent(void* node, CUevent* event) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || event == nullptr || n->type != kWaitEvent)
-    return CUDA_ERROR_INVALID_VALUE;
-  *event = static_cast<CUevent>(n->event_handle);
-  return CUDA_SUCCESS;
+  return GetTyped(node, kWaitEvent, event, [](const Node& n) {
+    return static_cast<CUevent>(n.event_handle);
+  });
 }
 FAKE cuGraphEventRecordNodeSetEvent(void* node, CUevent event) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || n->type != kEventRecord) return CUDA_ERROR_INVALID_VALUE;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  return SetEvent(n, event);
+  return SetTyped(node, kEventRecord,
+                  [&](Node* n) { return SetEvent(n, event); });
 }
 FAKE cuGraphEventWaitNodeSetEvent(void* node, CUevent event) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || n->type != kWaitEvent) return CUDA_ERROR_INVALID_VALUE;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  return SetEvent(n, event);
+  return SetTyped(node, kWaitEvent,
+                  [&](Node* n) { return SetEvent(n, event); });
 }
 
 FAKE cuGraphMemAllocNodeGetParams(void* node, MemAllocParams* params) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || params == nullptr || n->type != kMemAlloc)
-    return CUDA_ERROR_INVALID_VALUE;
-  std::memset(params, 0, sizeof *params);
-  params->poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-  params->poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  params->poolProps.location.id = n->device;
-  params->bytesize = n->bytes;
-  params->dptr = n->dptr;
-  return CUDA_SUCCESS;
+  return GetTyped(node, kMemAlloc, params, [](const Node& n) {
+    MemAllocParams out{};
+    out.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    out.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    out.poolProps.location.id = n.device;
+    out.bytesize = n.bytes;
+    out.dptr = n.dptr;
+    return out;
+  });
 }
 
 FAKE cuGraphMemFreeNodeGetParams(void* node, CUdeviceptr* dptr) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || dptr == nullptr || n->type != kMemFree)
-    return CUDA_ERROR_INVALID_VALUE;
-  *dptr = n->dptr;
-  return CUDA_SUCCESS;
+  return GetTyped(node, kMemFree, dptr, [](const Node& n) { return n.dptr; });
 }
 
 FAKE cuGraphNodeFindInClone(void** out, void* node, void* clone) {
