@@ -981,6 +981,21 @@ CUresult Launch(void* exec, CUstream stream) {
   return CUDA_SUCCESS;
 }
 
+// Work enqueued on `stream`: when the stream is being captured, *r =
+// add(g, capture) under the graphs' lock (the work becomes nodes) and true;
+// else false, and the caller runs the work.
+template <typename F>
+bool Captured(CUstream stream, CUresult* r, F add) {
+  fg::Stream* s = StreamFor(stream);
+  if (s == nullptr) return false;
+  Graphs& g = G();
+  Lock lock(g.mu);
+  StreamCapture* sc = CaptureOf(s);
+  if (sc == nullptr) return false;
+  *r = add(g, sc);
+  return true;
+}
+
 }  // namespace
 
 // ---- what the other driver files ask of capture ----------------------------
@@ -989,62 +1004,40 @@ namespace jaxlake::fakegpu::driver {
 
 bool CaptureCopy(CUstream stream, void* dst, const void* src, std::size_t n,
                  CUresult* r) {
-  fg::Stream* s = StreamFor(stream);
-  if (s == nullptr) return false;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  StreamCapture* sc = CaptureOf(s);
-  if (sc == nullptr) return false;
-  Node* node = CaptureNode(sc, kMemcpy);
-  node->copy.srcMemoryType = 4;  // UNIFIED: one address space
-  node->copy.srcDevice = reinterpret_cast<CUdeviceptr>(src);
-  node->copy.dstMemoryType = 4;
-  node->copy.dstDevice = reinterpret_cast<CUdeviceptr>(dst);
-  node->copy.WidthInBytes = n;
-  node->copy.Height = node->copy.Depth = 1;
-  *r = CUDA_SUCCESS;
-  return true;
+  return Captured(stream, r, [&](Graphs&, StreamCapture* sc) {
+    Node* node = CaptureNode(sc, kMemcpy);
+    node->copy.srcMemoryType = 4;  // UNIFIED: one address space
+    node->copy.srcDevice = reinterpret_cast<CUdeviceptr>(src);
+    node->copy.dstMemoryType = 4;
+    node->copy.dstDevice = reinterpret_cast<CUdeviceptr>(dst);
+    node->copy.WidthInBytes = n;
+    node->copy.Height = node->copy.Depth = 1;
+    return CUDA_SUCCESS;
+  });
 }
 
 bool CaptureMemset(CUstream stream, CUdeviceptr dst, unsigned value,
                    unsigned element, std::size_t count, CUresult* r) {
-  fg::Stream* s = StreamFor(stream);
-  if (s == nullptr) return false;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  StreamCapture* sc = CaptureOf(s);
-  if (sc == nullptr) return false;
-  Node* node = CaptureNode(sc, kMemset);
-  node->memset = MemsetParams{dst, 0, value, element, count, 1};
-  *r = CUDA_SUCCESS;
-  return true;
+  return Captured(stream, r, [&](Graphs&, StreamCapture* sc) {
+    CaptureNode(sc, kMemset)->memset =
+        MemsetParams{dst, 0, value, element, count, 1};
+    return CUDA_SUCCESS;
+  });
 }
 
 bool CaptureHost(CUstream stream, void (*fn)(void*), void* data,
                  CUresult* r) {
-  fg::Stream* s = StreamFor(stream);
-  if (s == nullptr) return false;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  StreamCapture* sc = CaptureOf(s);
-  if (sc == nullptr) return false;
-  Node* node = CaptureNode(sc, kHost);
-  node->host = HostParams{fn, data};
-  *r = CUDA_SUCCESS;
-  return true;
+  return Captured(stream, r, [&](Graphs&, StreamCapture* sc) {
+    CaptureNode(sc, kHost)->host = HostParams{fn, data};
+    return CUDA_SUCCESS;
+  });
 }
 
 bool CaptureKernel(CUstream stream, void* f, CUresult* r) {
-  fg::Stream* s = StreamFor(stream);
-  if (s == nullptr) return false;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  StreamCapture* sc = CaptureOf(s);
-  if (sc == nullptr) return false;
-  Node* node = CaptureNode(sc, kKernel);
-  node->kernel.func = f;
-  *r = CUDA_SUCCESS;
-  return true;
+  return Captured(stream, r, [&](Graphs&, StreamCapture* sc) {
+    CaptureNode(sc, kKernel)->kernel.func = f;
+    return CUDA_SUCCESS;
+  });
 }
 
 // An event recorded on a capturing stream marks the stream's place in the
@@ -1104,52 +1097,34 @@ bool CaptureEventWait(CUstream stream, CUevent event, CUresult* r) {
 
 bool CaptureMemOp(CUstream stream, std::function<void()> work,
                   CUresult* r) {
-  fg::Stream* s = StreamFor(stream);
-  if (s == nullptr) return false;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  StreamCapture* sc = CaptureOf(s);
-  if (sc == nullptr) return false;
-  Node* node = CaptureNode(sc, kBatchMemOp);
-  node->work = std::move(work);
-  *r = CUDA_SUCCESS;
-  return true;
+  return Captured(stream, r, [&](Graphs&, StreamCapture* sc) {
+    CaptureNode(sc, kBatchMemOp)->work = std::move(work);
+    return CUDA_SUCCESS;
+  });
 }
 
 bool CaptureAlloc(CUstream stream, int device, std::size_t bytes,
                   CUdeviceptr* out, CUresult* r) {
-  fg::Stream* s = StreamFor(stream);
-  if (s == nullptr) return false;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  StreamCapture* sc = CaptureOf(s);
-  if (sc == nullptr) return false;
-  CUdeviceptr p = 0;
-  *r = NewGraphAllocation(device, bytes, &p);
-  if (*r != CUDA_SUCCESS) return true;
-  Node* node = CaptureNode(sc, kMemAlloc, bytes);
-  node->device = device;
-  node->bytes = bytes;
-  node->dptr = p;
-  *out = p;
-  return true;
+  return Captured(stream, r, [&](Graphs&, StreamCapture* sc) {
+    CUdeviceptr p = 0;
+    const CUresult made = NewGraphAllocation(device, bytes, &p);
+    if (made != CUDA_SUCCESS) return made;
+    Node* node = CaptureNode(sc, kMemAlloc, bytes);
+    node->device = device;
+    node->bytes = bytes;
+    node->dptr = p;
+    *out = p;
+    return CUDA_SUCCESS;
+  });
 }
 
 bool CaptureFree(CUstream stream, CUdeviceptr p, CUresult* r) {
-  fg::Stream* s = StreamFor(stream);
-  if (s == nullptr) return false;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  StreamCapture* sc = CaptureOf(s);
-  if (sc == nullptr) return false;
-  if (g.allocations.count(p) == 0) {
-    *r = CUDA_ERROR_INVALID_VALUE;  // only graph allocations
-    return true;
-  }
-  Node* node = CaptureNode(sc, kMemFree);
-  node->dptr = p;
-  *r = CUDA_SUCCESS;
-  return true;
+  return Captured(stream, r, [&](Graphs& g, StreamCapture* sc) {
+    if (g.allocations.count(p) == 0)
+      return CUDA_ERROR_INVALID_VALUE;  // only graph allocations
+    CaptureNode(sc, kMemFree)->dptr = p;
+    return CUDA_SUCCESS;
+  });
 }
 
 bool FreeGraphAllocation(CUdeviceptr p, CUstream stream) {
