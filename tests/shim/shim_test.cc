@@ -3,16 +3,18 @@
 //
 // The test loads the shim as jaxlake's Python side does (RTLD_GLOBAL, before
 // anything opens the driver), with JAXLAKE_REAL_LIBCUDA pointing at the fake
-// GPU's library, then does what XLA does: dlopen("libcuda.so.1"), dlsym the entry
-// points, cuInit, retain and make current the primary context, take the
-// default pool, and allocate and free with cuMemAllocFromPoolAsync and
-// cuMemFreeAsync on streams.
+// GPU's library, then does what XLA does: dlopen("libcuda.so.1"), dlsym the
+// entry points, cuInit, retain and make current the primary context, take
+// the default pool, and allocate and free with cuMemAllocFromPoolAsync and
+// cuMemFreeAsync on streams. The fake runs each stream's work on a thread
+// of its own, so a test that needs that work done waits for it (Finish).
 //
 // The shim reads its options once, at load, so one process is one
 // configuration. Without JAXLAKE_CAPACITY set, main() sets a 64 MiB
-// capacity. ctest runs the file three times (cc/shim/shim.cmake): as is, with
+// capacity. ctest runs the file four times (cc/shim/shim.cmake): as is, with
 // JAXLAKE_SHIM_HOOKS=0 and with a malformed option, the last two only with
-// the tests that do not need a lake.
+// the tests that do not need a lake, and the missing-name test over a
+// driver with cuInit alone (bare_driver.cc).
 #include <dlfcn.h>
 #include <elf.h>
 #include <stdlib.h>
