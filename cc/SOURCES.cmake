@@ -48,6 +48,7 @@ set(JAXLAKE_SHIM_SOURCES
 set(JAXLAKE_FAKEGPU_SOURCES
   cc/fakegpu/state.cc
   cc/fakegpu/driver.cc
+  cc/fakegpu/control.cc
   cc/fakegpu/device.cc
   cc/fakegpu/memory.cc
   cc/fakegpu/stream.cc

@@ -160,6 +160,16 @@ def built() -> Setup:
     return setup
 
 
+@pytest.fixture(scope="session")
+def fake_driver(built: Setup) -> str:
+    """The fake GPU library of the C++ test build, the driver the shim's
+    Python tests point JAXLAKE_REAL_LIBCUDA at (with the devices of
+    fakegpu_util.driver_env)."""
+    path = built.build / "jaxlake_shim" / "libjaxlake_fakegpu.so"
+    assert path.is_file(), f"the C++ build made no {path}"
+    return str(path)
+
+
 @pytest.fixture
 def run_ctest(built: Setup) -> Callable[[str], None]:
     """Runs one ctest test of the build; fails with its output."""

@@ -38,6 +38,22 @@ def report(**kw):
 """
 
 
+#: The devices the shim's tests ask of the fake GPU (as tests/shim/fake_gpu.h
+#: does for the C++ ones): three of 1 GiB, 0 and 1 with virtual memory
+#: management and peer access, 2 with neither.
+SHIM_TEST_DEVICES = {
+    "JAXLAKE_FAKEGPU_COUNT": "3",
+    "JAXLAKE_FAKEGPU_MEMORY": str(1 << 30),
+    "JAXLAKE_FAKEGPU_NO_VMM": "2",
+}
+
+
+def driver_env(library: str) -> Dict[str, str]:
+    """The environment that makes the fake GPU `library` the shim's real
+    driver, with the shim tests' devices."""
+    return {"JAXLAKE_REAL_LIBCUDA": library, **SHIM_TEST_DEVICES}
+
+
 def fake_library() -> str:
     """Where this build's fake GPU library is."""
     from jaxlake._src.xla import fakegpu

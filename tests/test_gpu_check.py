@@ -1,6 +1,6 @@
 """The GPU check (benchmarks/gpu/) without a GPU: its no-GPU answer, and the
-steps that need no GPU (env, latency) over the fake driver
-(tests/shim/fake_cuda.cc), the latency file in the format `jaxlake bench
+steps that need no GPU (env, latency) over the fake GPU's driver
+(cc/fakegpu, with fakegpu_util.SHIM_TEST_DEVICES), the latency file in the format `jaxlake bench
 --latency` reads, summary.json written step by step, and the sanitizer's
 stress program on the CPU.
 """
@@ -17,6 +17,8 @@ import sys
 from typing import Any
 
 import pytest
+
+from fakegpu_util import SHIM_TEST_DEVICES
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
 GPU = REPO / "benchmarks" / "gpu"
@@ -36,12 +38,6 @@ def _env() -> dict:
     env["JAX_PLATFORMS"] = "cpu"
     return env
 
-
-@pytest.fixture(scope="module")
-def fake_driver(built: Any) -> str:
-    path = built.build / "jaxlake_fakecuda" / "libfakecuda.so"
-    assert path.is_file(), f"the C++ build made no {path}"
-    return str(path)
 
 
 @pytest.mark.skipif(HAS_GPU, reason="this machine has nvidia-smi")
@@ -73,11 +69,12 @@ def test_env_and_latency_steps_over_the_fake_driver(
          "--only", "env,latency", "--libcuda", fake_driver,
          "--latency-repeats", "3", "--latency-sizes", "2MiB,8MiB,32MiB",
          "--out", str(tmp_path)],
-        env=_env(), capture_output=True, text=True, timeout=300, cwd="/")
+        env={**_env(), **SHIM_TEST_DEVICES}, capture_output=True, text=True,
+        timeout=300, cwd="/")
     summary = json.loads((tmp_path / "summary.json").read_text())
     assert list(summary["steps"]) == ["env", "latency"], summary
     env = summary["steps"]["env"]
-    assert env["driver_version"] == 13000  # the fake driver's
+    assert env["driver_version"] == 13000  # the fake GPU's
     assert env["versions"]["jaxlake"]
     latency = summary["steps"]["latency"]
     assert latency["passed"], summary["failures"]
@@ -89,8 +86,8 @@ def test_env_and_latency_steps_over_the_fake_driver(
         points = doc["calls"][kind]
         assert [p["bytes"] for p in points] == [2 << 20, 8 << 20, 32 << 20]
         assert all(p["us"] > 0 for p in points)
-    assert "jaxlake fake device 0" in doc["source"]
-    # The fake driver has three devices: the grant to all of them gives
+    assert "(jaxlake fake)" in doc["source"]
+    # The fake GPU has three devices: the grant to all of them gives
     # the per-device term; the first grant is timed apart; the mostly
     # used pass ran with other handles holding memory.
     assert doc["measured"]["devices"] == 3
@@ -101,7 +98,7 @@ def test_env_and_latency_steps_over_the_fake_driver(
         "create"]] == [2 << 20, 8 << 20, 32 << 20]
     assert latency["terms"] == doc["terms"]
     # The env step passes where the plugin's minimum is met (the test extra
-    # pins the CUDA 12 plugin; the fake driver says 13.0).
+    # pins the CUDA 12 plugin; the fake GPU says 13.0).
     if "jax-cuda12-plugin" in env["versions"]:
         assert env["plugin_min_driver_version"] == 12000
         assert env["passed"], summary["failures"]
@@ -117,7 +114,8 @@ def test_the_checked_in_sample_is_what_the_step_writes(
     subprocess.run([sys.executable, str(GPU / "latency.py"), "--libcuda",
                     fake_driver, "--out", str(out), "--repeats", "2",
                     "--sizes", "2MiB,8MiB,64MiB"], check=True, cwd="/",
-                   env=_env(), capture_output=True, timeout=120)
+                   env={**_env(), **SHIM_TEST_DEVICES}, capture_output=True,
+                   timeout=120)
     fresh = json.loads(out.read_text())
     sample = json.loads((GPU / "latency-sample-fake.json").read_text())
     latency = _module("latency")

@@ -8,12 +8,13 @@ import subprocess
 import sys
 import textwrap
 import warnings
-from typing import Any, Dict
+from typing import Dict
 
 import pytest
 
 import jaxlake
 from jaxlake import resolve_options
+from fakegpu_util import driver_env
 
 KIB, MIB, GIB = 1 << 10, 1 << 20, 1 << 30
 
@@ -220,13 +221,6 @@ def _shim_python(code: str, env: Dict[str, str]) -> str:
     return result.stdout
 
 
-@pytest.fixture(scope="module")
-def fake_driver(built: Any) -> str:
-    """The fake CUDA driver the C++ test build makes."""
-    path = built.build / "jaxlake_fakecuda" / "libfakecuda.so"
-    assert path.is_file(), f"the C++ build made no {path}"
-    return str(path)
-
 
 def _shim_missing() -> bool:
     from jaxlake._src.xla import integration as xla
@@ -244,7 +238,7 @@ def test_shim_reads_what_python_parsed(fake_driver: str) -> None:
         print("STATUS", status.active, status.reason)
         print("SHIM", json.dumps(xla._loaded_shim().status()["options"]))
         print("PY", json.dumps(jaxlake.resolve_options()))
-    """, dict(SPELLINGS, JAXLAKE_REAL_LIBCUDA=fake_driver))
+    """, dict(SPELLINGS, **driver_env(fake_driver)))
     assert "STATUS True" in out, out
     shim = json.loads(out.split("SHIM ", 1)[1].splitlines()[0])
     python = json.loads(out.split("PY ", 1)[1].splitlines()[0])
@@ -266,7 +260,7 @@ def test_shim_refuses_spellings_python_did_not_write(fake_driver: str
         shim = xla._Shim(xla.shim_path())
         print("ACTIVE", shim.active)
         print("REASON", shim.reason())
-    """, {"JAXLAKE_REAL_LIBCUDA": fake_driver, "JAXLAKE_CAPACITY": "16G"})
+    """, {**driver_env(fake_driver), "JAXLAKE_CAPACITY": "16G"})
     assert "ACTIVE False" in out
     assert "JAXLAKE_CAPACITY='16G'" in out
 

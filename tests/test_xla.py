@@ -1,6 +1,6 @@
 """The XLA integration without a GPU: configure(), the start-up hook,
 XLA_FLAGS handling, `jaxlake run`/`doctor`, and the reporting API over the
-shim forwarding to the fake driver (tests/shim/fake_cuda.cc).
+shim forwarding to the fake GPU (cc/fakegpu) as its driver.
 
 configure() acts once per process, so each scenario runs in a fresh Python
 process.
@@ -21,6 +21,7 @@ import pytest
 import jaxlake
 from jaxlake._src.xla import integration as xla
 from jaxlake._src.xla import cli as xla_cli
+from fakegpu_util import driver_env
 
 jax = pytest.importorskip("jax", reason="the integration tests start JAX "
                           "on the CPU: pip install '.[test]' brings it on "
@@ -354,13 +355,6 @@ print("HOOKS", json.dumps(jaxlake.hook_counts()))
 """
 
 
-@pytest.fixture(scope="module")
-def fake_driver(built: Any) -> str:
-    """Path of the fake driver library, built by CMake for the tests."""
-    path = built.build / "jaxlake_fakecuda" / "libfakecuda.so"
-    assert path.is_file(), f"the C++ build made no {path}"
-    return str(path)
-
 
 @pytest.mark.skipif(not os.path.isfile(xla.shim_path()),
                     reason="this build of jaxlake has no CUDA shim "
@@ -370,7 +364,7 @@ def test_configure_over_fake_driver_serves_xla_calls(
     trace = tmp_path / "trace.jsonl"
     result = run_python(XLA_LIKE.replace(
         "sys.argv[1] if len(sys.argv) > 1 else None", repr(str(trace))),
-        {"JAXLAKE_REAL_LIBCUDA": fake_driver})
+        driver_env(fake_driver))
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
     assert "ACTIVE True" in out
@@ -408,7 +402,7 @@ def test_configure_twice_with_other_options_raises(fake_driver: str) -> None:
             jaxlake.configure(capacity="128MiB")
         except jaxlake.ConfigurationError as e:
             print("RAISED", e)
-    """, {"JAXLAKE_REAL_LIBCUDA": fake_driver})
+    """, driver_env(fake_driver))
     assert "SAME True True" in result.stdout, result.stdout + result.stderr
     assert "RAISED jaxlake.configure() was already called" in result.stdout
 
@@ -421,7 +415,7 @@ def test_jaxlake_run_preloads_the_shim(fake_driver: str) -> None:
             "print('ALLOC', os.environ['XLA_PYTHON_CLIENT_ALLOCATOR']); "
             "print('CAP', os.environ['JAXLAKE_CAPACITY'])")
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAXLAKE")}
-    env.update({"JAXLAKE_REAL_LIBCUDA": fake_driver, "JAX_PLATFORMS": "cpu",
+    env.update({**driver_env(fake_driver), "JAX_PLATFORMS": "cpu",
                 "XLA_FLAGS": "--jaxlake_capacity=1GiB"})
     result = subprocess.run(
         [sys.executable, "-m", "jaxlake", "run", "--", sys.executable, "-c",
@@ -487,7 +481,7 @@ from jaxlake._src.xla import integration as xla
 """ + ALLOC_4MIB_ON_DEVICE_0 + """print("CAP", xla._loaded_shim().stats(0)["capacity"])
 """
 
-FAKE_DEVICE_BYTES = 1 << 30  # tests/shim/fake_cuda.cc
+FAKE_DEVICE_BYTES = 1 << 30  # fakegpu_util.SHIM_TEST_DEVICES
 CHUNK = 2 << 20
 
 
@@ -507,7 +501,7 @@ def test_default_capacity_is_xla_memory_fraction(
         expected: int, variable: str) -> None:
     """jaxlib reads XLA_CLIENT_MEM_FRACTION, else its deprecated spelling
     XLA_PYTHON_CLIENT_MEM_FRACTION: the lake (Python and shim) too."""
-    env = {"JAXLAKE_REAL_LIBCUDA": fake_driver}
+    env = driver_env(fake_driver)
     if xla_fraction is not None:
         env[variable] = xla_fraction
     result = run_python(textwrap.dedent(f"""
@@ -549,7 +543,7 @@ def test_both_xla_memory_fractions_are_refused() -> None:
 def test_shim_refuses_both_xla_memory_fractions(fake_driver: str) -> None:
     """The shim, loaded by `jaxlake run` or LD_PRELOAD without Python's
     check, is inactive when both spellings are set, and says why."""
-    env = {"JAXLAKE_REAL_LIBCUDA": fake_driver,
+    env = {**driver_env(fake_driver),
            "XLA_CLIENT_MEM_FRACTION": "0.9",
            "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}
     result = run_python("""
@@ -567,7 +561,7 @@ def test_shim_refuses_both_xla_memory_fractions(fake_driver: str) -> None:
 @NEEDS_SHIM
 def test_doctor_shows_the_effective_capacity(fake_driver: str) -> None:
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAXLAKE")}
-    env.update({"JAX_PLATFORMS": "cpu", "JAXLAKE_REAL_LIBCUDA": fake_driver,
+    env.update({"JAX_PLATFORMS": "cpu", **driver_env(fake_driver),
                 "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"})
     result = subprocess.run([sys.executable, "-m", "jaxlake", "doctor",
                              "--no-jax"], env=env, capture_output=True,
@@ -605,7 +599,7 @@ def test_configure_cannot_change_a_preloaded_shims_options(
             print("RAISED", e)
         status = jaxlake.configure(capacity="1GiB")
         print("ACTIVE", status.active)
-    """, {"JAXLAKE_REAL_LIBCUDA": fake_driver,
+    """, {**driver_env(fake_driver),
           "LD_PRELOAD": xla.shim_path(),
           "JAXLAKE_CAPACITY": str(1 << 30)})
     assert "RAISED jaxlake's shim was loaded before configure()" in \
@@ -628,7 +622,7 @@ def test_configure_under_jaxlake_run_with_other_options_raises(
         print("SAME", jaxlake.configure().active)
     """)
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAXLAKE")}
-    env.update({"JAXLAKE_REAL_LIBCUDA": fake_driver, "JAX_PLATFORMS": "cpu",
+    env.update({**driver_env(fake_driver), "JAX_PLATFORMS": "cpu",
                 "XLA_FLAGS": "--jaxlake_capacity=1GiB"})
     result = subprocess.run(
         [sys.executable, "-m", "jaxlake", "run", "--", sys.executable, "-c",
@@ -655,7 +649,7 @@ def test_jaxlake_run_hands_its_options_to_the_program(
         print("ACTIVE", status.active, status.reason)
     """) + ALLOC_ON_DEVICE_0
     env = {k: v for k, v in os.environ.items() if not k.startswith("JAXLAKE")}
-    env.update({"JAXLAKE_REAL_LIBCUDA": fake_driver, "JAX_PLATFORMS": "cpu",
+    env.update({**driver_env(fake_driver), "JAX_PLATFORMS": "cpu",
                 "XLA_FLAGS": flags})
     result = subprocess.run(
         [sys.executable, "-m", "jaxlake", "run", "--", sys.executable, "-c",
@@ -677,7 +671,7 @@ def test_status_names_a_device_found_without_vmm_later(
         """ + textwrap.indent(alloc_on_device(2, 4096), " " * 8) + """
         status = jaxlake.status()
         print("AFTER", status.active, status.reason)
-    """, {"JAXLAKE_REAL_LIBCUDA": fake_driver})
+    """, driver_env(fake_driver))
     assert "BEFORE ''" in result.stdout, result.stdout + result.stderr
     assert "AFTER True device 2: device 2 does not support virtual memory " \
         "management" in result.stdout, result.stdout
@@ -703,13 +697,14 @@ print("CHILD", child.stdout.strip())
 
 @NEEDS_SHIM
 @pytest.mark.parametrize("setting,reason", [
-    ({"FAKECUDA_DRIVER_VERSION": "10010"}, "too old for virtual memory"),
+    ({"JAXLAKE_FAKEGPU_DRIVER_VERSION": "10010"},
+     "too old for virtual memory"),
     ({"JAXLAKE_SHIM_HOOKS": "0"}, "JAXLAKE_SHIM_HOOKS=0"),
 ])
 def test_inactive_configure_changes_nothing(
         fake_driver: str, setting: Dict[str, str], reason: str,
         tmp_path: pathlib.Path) -> None:
-    env = {"JAXLAKE_REAL_LIBCUDA": fake_driver, **setting}
+    env = {**driver_env(fake_driver), **setting}
     trace = tmp_path / "never.jsonl"
     result = run_python(SNAPSHOT + f"""
 import ctypes, jaxlake
@@ -757,16 +752,17 @@ def test_configure_does_not_initialise_cuda(fake_driver: str) -> None:
         status = jaxlake.configure()
         print("ACTIVE", status.active, status.driver_version)
         fake = ctypes.CDLL({fake_driver!r})
-        fake.fakecuda_calls.restype = ctypes.c_ulonglong
+        calls = fake.jaxlake_fakegpu_calls
+        calls.restype = ctypes.c_ulonglong
         for name in (b"cuInit", b"cuDriverGetVersion", b"cuDeviceGetCount"):
-            print("CALLS", name.decode(), fake.fakecuda_calls(name))
+            print("CALLS", name.decode(), calls(name))
         pid = os.fork()
         if pid == 0:
             # The child starts CUDA on its own, as a fresh process would.
             cuda = ctypes.CDLL("libcuda.so.1")
             os._exit(0 if cuda.cuInit(0) == 0 else 3)
         print("CHILD", os.waitpid(pid, 0)[1])
-    """) + ALLOC_ON_DEVICE_0, {"JAXLAKE_REAL_LIBCUDA": fake_driver})
+    """) + ALLOC_ON_DEVICE_0, driver_env(fake_driver))
     out = result.stdout
     assert result.returncode == 0, out + result.stderr
     assert "ACTIVE True 13000" in out
@@ -955,7 +951,7 @@ def test_trace_is_flushed_periodically_and_at_exit(
     trace = tmp_path / "t.jsonl"
     code = ("import jaxlake\nassert jaxlake.configure(trace=%r).active\nN = 100\n"
             % str(trace)) + TRACE_ALLOCS + ending + "\n"
-    result = run_python(code, {"JAXLAKE_REAL_LIBCUDA": fake_driver,
+    result = run_python(code, {**driver_env(fake_driver),
                                "JAXLAKE_TRACE_FLUSH": "64"})
     assert result.returncode == 0, result.stdout + result.stderr
     lines = trace.read_text().splitlines()
@@ -980,7 +976,7 @@ def test_lake_cuda_backend_over_fake_driver(fake_driver: str) -> None:
             jaxlake.Lake("cuda", device=99)
         except jaxlake.ConfigurationError as e:
             print("RAISED", e)
-    """, {"JAXLAKE_REAL_LIBCUDA": fake_driver})
+    """, driver_env(fake_driver))
     assert result.returncode == 0, result.stdout + result.stderr
     assert "STATE stitch cuda" in result.stdout
     assert "RAISED backend 'cuda', device 99" in result.stdout
@@ -1015,7 +1011,7 @@ def test_xla_compiles_for_the_lakes_capacity() -> None:
 @NEEDS_SHIM
 def test_jaxlake_run_and_configure_set_the_memory_limit(
         fake_driver: str) -> None:
-    env = {"JAXLAKE_REAL_LIBCUDA": fake_driver, "PATH": os.environ["PATH"],
+    env = {**driver_env(fake_driver), "PATH": os.environ["PATH"],
            "XLA_CLIENT_MEM_FRACTION": "0.5"}
     out = xla_cli.run_environment(env, None)
     assert "--xla_gpu_memory_limit_slop_factor=59" in out["XLA_FLAGS"]
@@ -1023,7 +1019,7 @@ def test_jaxlake_run_and_configure_set_the_memory_limit(
         import os, jaxlake
         assert jaxlake.configure().active
         print("FLAGS", os.environ["XLA_FLAGS"])
-    """, {"JAXLAKE_REAL_LIBCUDA": fake_driver,
+    """, {**driver_env(fake_driver),
           "XLA_FLAGS": "--xla_gpu_autotune_level=0"})
     assert result.returncode == 0, result.stderr
     assert "FLAGS --xla_gpu_autotune_level=0 " \

@@ -74,13 +74,12 @@ int Attribute(int attribute, int device) {
     case 97: return 232448;        // MAX_SHARED_MEMORY_PER_BLOCK_OPTIN
     case 98: return 1;             // CAN_FLUSH_REMOTE_WRITES
     case 99: return 1;             // HOST_REGISTER_SUPPORTED
-    case 102: return 1;            // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED
-    case 103: return 1;            // HANDLE_TYPE_POSIX_FILE_DESCRIPTOR_...
+    case 102: case 103: case 110:  // VIRTUAL_MEMORY_MANAGEMENT_SUPPORTED,
+      return fg::HasVmm(device);   // its POSIX handles, RDMA with VMM
     case 106: return 32;           // MAX_BLOCKS_PER_MULTIPROCESSOR
     case 107: return 1;            // GENERIC_COMPRESSION_SUPPORTED
     case 108: return 31457280;     // MAX_PERSISTING_L2_CACHE_SIZE
     case 109: return 134213632;    // MAX_ACCESS_POLICY_WINDOW_SIZE
-    case 110: return 1;            // GPU_DIRECT_RDMA_WITH_CUDA_VMM_SUPPORTED
     case 111: return 1024;         // RESERVED_SHARED_MEMORY_PER_BLOCK
     case 112: case 113: return 1;  // SPARSE_CUDA_ARRAY, READ_ONLY_HOST_REG.
     case 115: return 1;            // MEMORY_POOLS_SUPPORTED
@@ -119,7 +118,7 @@ FAKE cuInit(unsigned int flags) {
 FAKE cuDriverGetVersion(int* version) {
   ENTER();
   if (version == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  *version = kDriverVersion;
+  *version = fg::Opts().driver_version;
   return CUDA_SUCCESS;
 }
 
@@ -235,7 +234,9 @@ FAKE cuDeviceCanAccessPeer(int* can, CUdevice device, CUdevice peer) {
   if (can == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!ValidDevice(device) || !ValidDevice(peer))
     return CUDA_ERROR_INVALID_DEVICE;
-  *can = device != peer ? 1 : 0;
+  // A device without VMM (JAXLAKE_FAKEGPU_NO_VMM) stands for a GPU of
+  // another kind beside the others: no peer access either way.
+  *can = device != peer && fg::HasVmm(device) && fg::HasVmm(peer) ? 1 : 0;
   return CUDA_SUCCESS;
 }
 
@@ -245,8 +246,9 @@ FAKE cuDeviceGetP2PAttribute(int* value, int attribute, CUdevice src,
   if (value == nullptr) return CUDA_ERROR_INVALID_VALUE;
   if (!ValidDevice(src) || !ValidDevice(dst) || src == dst)
     return CUDA_ERROR_INVALID_DEVICE;
-  // PERFORMANCE_RANK (1) 0; ACCESS_SUPPORTED, NATIVE_ATOMIC, CUDA_ARRAY 1.
-  *value = attribute == 1 ? 0 : 1;
+  // PERFORMANCE_RANK (1) 0; ACCESS_SUPPORTED, NATIVE_ATOMIC, CUDA_ARRAY 1
+  // (0 beside a device without VMM, as cuDeviceCanAccessPeer says).
+  *value = attribute == 1 || !fg::HasVmm(src) || !fg::HasVmm(dst) ? 0 : 1;
   return CUDA_SUCCESS;
 }
 

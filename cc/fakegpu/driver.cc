@@ -1,8 +1,7 @@
 // The fake GPU's CUDA driver API (libcuda.so.1 behind the shim), its shared
-// state (driver.h) and what belongs to no API area: errors, entry points by
-// name and the figures the tests read. cuGetExportTable, the door to
-// NVIDIA's private tables, is refused: the fake implements no private
-// interface (fakegpu.h). The API areas have files of their own (README.md).
+// state (driver.h) and what belongs to no API area: errors and entry points
+// by name. cuGetExportTable, the door to NVIDIA's private tables, is
+// refused: the fake implements no private interface (fakegpu.h). The API areas have files of their own (README.md).
 #include <dlfcn.h>
 
 #include <cstring>
@@ -127,6 +126,9 @@ void* Lookup(const char* symbol, int version, cuuint64_t flags) {
   if (name == "cuStreamGetCaptureInfo" && version >= 12030)
     return ::dlsym(Self(), "cuStreamGetCaptureInfo_v3");
   if ((flags & CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0) {
+    // The _v2 per-thread variant before the legacy one, as for the plain
+    // names (cuStreamBeginCapture's).
+    if (void* fn = ::dlsym(Self(), (name + "_v2_ptsz").c_str())) return fn;
     if (void* fn = ::dlsym(Self(), (name + "_ptsz").c_str())) return fn;
   }
   if (void* fn = ::dlsym(Self(), (name + "_v2").c_str())) return fn;
@@ -160,22 +162,6 @@ FAKE cuGetExportTable(const void** table, const CUuuid*) {
   if (table != nullptr) *table = nullptr;
   return fg::Unsupported("driver", "cuGetExportTable",
                          CUDA_ERROR_NOT_SUPPORTED);
-}
-
-// ---- figures for the tests --------------------------------------------------
-
-// Calls of kernels launched so far.
-__attribute__((visibility("default"))) unsigned long long
-jaxlake_fakegpu_launches() {
-  Driver& d = D();
-  std::lock_guard<std::mutex> lock(d.mu);
-  return d.launches;
-}
-
-// Device bytes in use on `device` (VMM, cuMemAlloc and the pool).
-__attribute__((visibility("default"))) unsigned long long
-jaxlake_fakegpu_used(int device) {
-  return fg::Used(device);
 }
 
 }  // extern "C"

@@ -84,6 +84,9 @@ struct Driver {
   std::unordered_map<std::uintptr_t, std::unique_ptr<Function>> functions;
   std::uintptr_t next_module = 0x7000000;
   std::uint64_t launches = 0;
+  // The eleven arguments of the last cuLaunchKernel call, as integers (the
+  // control API's jaxlake_fakegpu_last_launch).
+  unsigned long long last_launch[11] = {};
 };
 Driver& D();
 

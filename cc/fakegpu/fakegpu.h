@@ -45,6 +45,11 @@ struct Options {
   int count = 1;               // JAXLAKE_FAKEGPU_COUNT
   std::size_t memory = 0;      // JAXLAKE_FAKEGPU_MEMORY (bytes a device)
   int cuda_major = 12;         // JAXLAKE_FAKEGPU_CUDA: the runtime's major
+  // JAXLAKE_FAKEGPU_DRIVER_VERSION: what cuDriverGetVersion reports.
+  int driver_version = 13000;
+  // JAXLAKE_FAKEGPU_NO_VMM=ORDINAL,...: devices without virtual memory
+  // management (and without peer access to any other device).
+  std::vector<int> no_vmm;
   int sms = 132;
   int clock_khz = 1980000;
   int memory_clock_khz = 2619000;
@@ -64,10 +69,20 @@ struct Options {
   std::string stats;
 };
 const Options& Opts();
+// False for a device JAXLAKE_FAKEGPU_NO_VMM names.
+bool HasVmm(int device);
 
 // Counts a call of `name` and says whether fault injection fails it (then
 // *code is the error to return).
 bool Enter(const char* name, int* code);
+
+// Calls of the entry point `name` so far (Enter's count).
+std::uint64_t Calls(const std::string& name);
+
+// A call refused because of a stream capture (CUDA_ERROR_STREAM_CAPTURE_
+// UNSUPPORTED from the capture rules): counted, for the control API.
+void CountCaptureRefusal();
+std::uint64_t CaptureRefusals();
 
 // The answer of an entry point the fake does not implement: named once in
 // the log, counted, and `code` returned.
@@ -125,6 +140,11 @@ class Stream {
   void Enqueue(std::function<void()> work);
   void Synchronize();  // until everything enqueued so far has run
   bool Idle();
+  // A hold: work enqueued after it waits until Release() (the control API
+  // holds a stream so that a test sees its events pending).
+  void Hold();
+  void Release();  // ends every hold so far
+  bool Held();      // a hold not released yet
   int device() const { return device_; }
   int priority = 0;
   unsigned flags = 0;
@@ -137,6 +157,8 @@ class Stream {
   std::deque<std::function<void()>> work_;
   std::uint64_t enqueued_ = 0;
   std::uint64_t done_ = 0;
+  std::uint64_t holds_ = 0;     // holds made
+  std::uint64_t released_ = 0;  // holds ended
   bool stop_ = false;
   std::thread thread_;
 };
@@ -160,6 +182,7 @@ std::vector<Stream*> StreamsOf(int device);
 std::shared_ptr<Event> EventOf(void* handle);
 void* NewEvent(unsigned flags);
 bool DestroyEvent(void* handle);
+std::size_t LiveEvents();  // events created and not destroyed
 void RecordEvent(const std::shared_ptr<Event>& e, Stream* s);
 void WaitEvent(Stream* s, const std::shared_ptr<Event>& e);
 double NowMs();

@@ -981,6 +981,21 @@ CUresult Launch(void* exec, CUstream stream) {
   return CUDA_SUCCESS;
 }
 
+// Work enqueued on `stream`: when the stream is being captured, *r =
+// add(g, capture) under the graphs' lock (the work becomes nodes) and true;
+// else false, and the caller runs the work.
+template <typename F>
+bool Captured(CUstream stream, CUresult* r, F add) {
+  fg::Stream* s = StreamFor(stream);
+  if (s == nullptr) return false;
+  Graphs& g = G();
+  Lock lock(g.mu);
+  StreamCapture* sc = CaptureOf(s);
+  if (sc == nullptr) return false;
+  *r = add(g, sc);
+  return true;
+}
+
 }  // namespace
 
 // ---- what the other driver files ask of capture ----------------------------
@@ -989,62 +1004,40 @@ namespace jaxlake::fakegpu::driver {
 
 bool CaptureCopy(CUstream stream, void* dst, const void* src, std::size_t n,
                  CUresult* r) {
-  fg::Stream* s = StreamFor(stream);
-  if (s == nullptr) return false;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  StreamCapture* sc = CaptureOf(s);
-  if (sc == nullptr) return false;
-  Node* node = CaptureNode(sc, kMemcpy);
-  node->copy.srcMemoryType = 4;  // UNIFIED: one address space
-  node->copy.srcDevice = reinterpret_cast<CUdeviceptr>(src);
-  node->copy.dstMemoryType = 4;
-  node->copy.dstDevice = reinterpret_cast<CUdeviceptr>(dst);
-  node->copy.WidthInBytes = n;
-  node->copy.Height = node->copy.Depth = 1;
-  *r = CUDA_SUCCESS;
-  return true;
+  return Captured(stream, r, [&](Graphs&, StreamCapture* sc) {
+    Node* node = CaptureNode(sc, kMemcpy);
+    node->copy.srcMemoryType = 4;  // UNIFIED: one address space
+    node->copy.srcDevice = reinterpret_cast<CUdeviceptr>(src);
+    node->copy.dstMemoryType = 4;
+    node->copy.dstDevice = reinterpret_cast<CUdeviceptr>(dst);
+    node->copy.WidthInBytes = n;
+    node->copy.Height = node->copy.Depth = 1;
+    return CUDA_SUCCESS;
+  });
 }
 
 bool CaptureMemset(CUstream stream, CUdeviceptr dst, unsigned value,
                    unsigned element, std::size_t count, CUresult* r) {
-  fg::Stream* s = StreamFor(stream);
-  if (s == nullptr) return false;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  StreamCapture* sc = CaptureOf(s);
-  if (sc == nullptr) return false;
-  Node* node = CaptureNode(sc, kMemset);
-  node->memset = MemsetParams{dst, 0, value, element, count, 1};
-  *r = CUDA_SUCCESS;
-  return true;
+  return Captured(stream, r, [&](Graphs&, StreamCapture* sc) {
+    CaptureNode(sc, kMemset)->memset =
+        MemsetParams{dst, 0, value, element, count, 1};
+    return CUDA_SUCCESS;
+  });
 }
 
 bool CaptureHost(CUstream stream, void (*fn)(void*), void* data,
                  CUresult* r) {
-  fg::Stream* s = StreamFor(stream);
-  if (s == nullptr) return false;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  StreamCapture* sc = CaptureOf(s);
-  if (sc == nullptr) return false;
-  Node* node = CaptureNode(sc, kHost);
-  node->host = HostParams{fn, data};
-  *r = CUDA_SUCCESS;
-  return true;
+  return Captured(stream, r, [&](Graphs&, StreamCapture* sc) {
+    CaptureNode(sc, kHost)->host = HostParams{fn, data};
+    return CUDA_SUCCESS;
+  });
 }
 
 bool CaptureKernel(CUstream stream, void* f, CUresult* r) {
-  fg::Stream* s = StreamFor(stream);
-  if (s == nullptr) return false;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  StreamCapture* sc = CaptureOf(s);
-  if (sc == nullptr) return false;
-  Node* node = CaptureNode(sc, kKernel);
-  node->kernel.func = f;
-  *r = CUDA_SUCCESS;
-  return true;
+  return Captured(stream, r, [&](Graphs&, StreamCapture* sc) {
+    CaptureNode(sc, kKernel)->kernel.func = f;
+    return CUDA_SUCCESS;
+  });
 }
 
 // An event recorded on a capturing stream marks the stream's place in the
@@ -1104,52 +1097,34 @@ bool CaptureEventWait(CUstream stream, CUevent event, CUresult* r) {
 
 bool CaptureMemOp(CUstream stream, std::function<void()> work,
                   CUresult* r) {
-  fg::Stream* s = StreamFor(stream);
-  if (s == nullptr) return false;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  StreamCapture* sc = CaptureOf(s);
-  if (sc == nullptr) return false;
-  Node* node = CaptureNode(sc, kBatchMemOp);
-  node->work = std::move(work);
-  *r = CUDA_SUCCESS;
-  return true;
+  return Captured(stream, r, [&](Graphs&, StreamCapture* sc) {
+    CaptureNode(sc, kBatchMemOp)->work = std::move(work);
+    return CUDA_SUCCESS;
+  });
 }
 
 bool CaptureAlloc(CUstream stream, int device, std::size_t bytes,
                   CUdeviceptr* out, CUresult* r) {
-  fg::Stream* s = StreamFor(stream);
-  if (s == nullptr) return false;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  StreamCapture* sc = CaptureOf(s);
-  if (sc == nullptr) return false;
-  CUdeviceptr p = 0;
-  *r = NewGraphAllocation(device, bytes, &p);
-  if (*r != CUDA_SUCCESS) return true;
-  Node* node = CaptureNode(sc, kMemAlloc, bytes);
-  node->device = device;
-  node->bytes = bytes;
-  node->dptr = p;
-  *out = p;
-  return true;
+  return Captured(stream, r, [&](Graphs&, StreamCapture* sc) {
+    CUdeviceptr p = 0;
+    const CUresult made = NewGraphAllocation(device, bytes, &p);
+    if (made != CUDA_SUCCESS) return made;
+    Node* node = CaptureNode(sc, kMemAlloc, bytes);
+    node->device = device;
+    node->bytes = bytes;
+    node->dptr = p;
+    *out = p;
+    return CUDA_SUCCESS;
+  });
 }
 
 bool CaptureFree(CUstream stream, CUdeviceptr p, CUresult* r) {
-  fg::Stream* s = StreamFor(stream);
-  if (s == nullptr) return false;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  StreamCapture* sc = CaptureOf(s);
-  if (sc == nullptr) return false;
-  if (g.allocations.count(p) == 0) {
-    *r = CUDA_ERROR_INVALID_VALUE;  // only graph allocations
-    return true;
-  }
-  Node* node = CaptureNode(sc, kMemFree);
-  node->dptr = p;
-  *r = CUDA_SUCCESS;
-  return true;
+  return Captured(stream, r, [&](Graphs& g, StreamCapture* sc) {
+    if (g.allocations.count(p) == 0)
+      return CUDA_ERROR_INVALID_VALUE;  // only graph allocations
+    CaptureNode(sc, kMemFree)->dptr = p;
+    return CUDA_SUCCESS;
+  });
 }
 
 bool FreeGraphAllocation(CUdeviceptr p, CUstream stream) {
@@ -1170,6 +1145,7 @@ CUresult CheckUnsafe() {
   const auto me = std::this_thread::get_id();
   for (auto& [s, sc] : g.streams)
     if (sc.capture->thread == me) sc.capture->invalid = true;
+  fg::CountCaptureRefusal();
   return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 }
 
@@ -1181,6 +1157,7 @@ CUresult CheckEventSync(CUevent event) {
   auto it = g.events.find(e.get());
   if (it == g.events.end()) return CUDA_SUCCESS;
   it->second.capture->invalid = true;
+  fg::CountCaptureRefusal();
   return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 }
 
@@ -1192,6 +1169,7 @@ CUresult CheckSync(CUstream stream) {
   StreamCapture* sc = CaptureOf(s);
   if (sc == nullptr) return CUDA_SUCCESS;
   sc->capture->invalid = true;
+  fg::CountCaptureRefusal();
   return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
 }
 
@@ -1412,6 +1390,32 @@ CUresult AddTyped(void** node, void* graph, void* const* deps, std::size_t n,
   *node = out;
   return CUDA_SUCCESS;
 }
+
+// The node a handle names when it is a node of `type`, else nullptr (its
+// getters and setters then answer CUDA_ERROR_INVALID_VALUE).
+Node* Typed(void* node, int type) {
+  auto* n = static_cast<Node*>(node);
+  return n != nullptr && n->type == type ? n : nullptr;
+}
+
+// A node getter: *out = get(node), for a node of `type` and an `out`.
+template <typename T, typename F>
+CUresult GetTyped(void* node, int type, T* out, F get) {
+  const Node* n = Typed(node, type);
+  if (n == nullptr || out == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  *out = get(*n);
+  return CUDA_SUCCESS;
+}
+
+// A node setter: set(node) under the graphs' lock, for a node of `type`.
+template <typename F>
+CUresult SetTyped(void* node, int type, F set) {
+  Node* n = Typed(node, type);
+  if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Graphs& g = G();
+  Lock lock(g.mu);
+  return set(n);
+}
 }  // namespace
 
 extern "C" {
@@ -1424,9 +1428,7 @@ FAKE cuGraphAddKernelNode_v2(void** node, void* graph, void* const* deps,
 }
 FAKE cuGraphAddKernelNode(void** node, void* graph, void* const* deps,
                           std::size_t n, const KernelParams* params) {
-  ENTER();
-  return AddTyped(node, graph, deps, n, kKernel,
-                  [&](Node* x) { return SetKernel(x, params); });
+  return cuGraphAddKernelNode_v2(node, graph, deps, n, params);
 }
 
 FAKE cuGraphAddMemcpyNode(void** node, void* graph, void* const* deps,
@@ -1709,28 +1711,18 @@ FAKE cuGraphRemoveDependencies_v2(void* graph, void* const* from,
 
 FAKE cuGraphChildGraphNodeGetGraph(void* node, void** graph) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || graph == nullptr || n->type != kGraph)
-    return CUDA_ERROR_INVALID_VALUE;
-  *graph = n->child.get();
-  return CUDA_SUCCESS;
+  return GetTyped(node, kGraph, graph,
+                  [](const Node& n) -> void* { return n.child.get(); });
 }
 
 FAKE cuGraphKernelNodeGetParams_v2(void* node, KernelParams* params) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || params == nullptr || n->type != kKernel)
-    return CUDA_ERROR_INVALID_VALUE;
-  *params = n->kernel;
-  return CUDA_SUCCESS;
+  return GetTyped(node, kKernel, params,
+                  [](const Node& n) { return n.kernel; });
 }
 FAKE cuGraphKernelNodeSetParams_v2(void* node, const KernelParams* params) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || n->type != kKernel) return CUDA_ERROR_INVALID_VALUE;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  return SetKernel(n, params);
+  return SetTyped(node, kKernel, [&](Node* n) { return SetKernel(n, params); });
 }
 FAKE cuGraphKernelNodeGetParams(void* node, KernelParams* params) {
   return cuGraphKernelNodeGetParams_v2(node, params);
@@ -1744,131 +1736,89 @@ FAKE cuGraphKernelNodeSetParams(void* node, const KernelParams* params) {
 FAKE cuGraphKernelNodeSetAttribute(void* node, int /*attr*/,
                                    const void* value) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || value == nullptr || n->type != kKernel)
-    return CUDA_ERROR_INVALID_VALUE;
-  return CUDA_SUCCESS;
+  return Typed(node, kKernel) != nullptr && value != nullptr
+             ? CUDA_SUCCESS
+             : CUDA_ERROR_INVALID_VALUE;
 }
 FAKE cuGraphKernelNodeGetAttribute(void* node, int /*attr*/, void* value) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || value == nullptr || n->type != kKernel)
+  if (Typed(node, kKernel) == nullptr || value == nullptr)
     return CUDA_ERROR_INVALID_VALUE;
   std::memset(value, 0, 64);  // CUlaunchAttributeValue: the defaults
   return CUDA_SUCCESS;
 }
 FAKE cuGraphKernelNodeCopyAttributes(void* dst, void* src) {
   ENTER();
-  auto* a = static_cast<Node*>(dst);
-  auto* b = static_cast<Node*>(src);
-  if (a == nullptr || b == nullptr || a->type != kKernel ||
-      b->type != kKernel)
-    return CUDA_ERROR_INVALID_VALUE;
-  return CUDA_SUCCESS;
+  return Typed(dst, kKernel) != nullptr && Typed(src, kKernel) != nullptr
+             ? CUDA_SUCCESS
+             : CUDA_ERROR_INVALID_VALUE;
 }
 
 FAKE cuGraphMemcpyNodeGetParams(void* node, Memcpy3D* params) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || params == nullptr || n->type != kMemcpy)
-    return CUDA_ERROR_INVALID_VALUE;
-  *params = n->copy;
-  return CUDA_SUCCESS;
+  return GetTyped(node, kMemcpy, params, [](const Node& n) { return n.copy; });
 }
 FAKE cuGraphMemcpyNodeSetParams(void* node, const Memcpy3D* params) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || n->type != kMemcpy) return CUDA_ERROR_INVALID_VALUE;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  return SetCopy(n, params);
+  return SetTyped(node, kMemcpy, [&](Node* n) { return SetCopy(n, params); });
 }
 FAKE cuGraphMemsetNodeGetParams(void* node, MemsetParams* params) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || params == nullptr || n->type != kMemset)
-    return CUDA_ERROR_INVALID_VALUE;
-  *params = n->memset;
-  return CUDA_SUCCESS;
+  return GetTyped(node, kMemset, params,
+                  [](const Node& n) { return n.memset; });
 }
 FAKE cuGraphMemsetNodeSetParams(void* node, const MemsetParams* params) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || n->type != kMemset) return CUDA_ERROR_INVALID_VALUE;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  return SetMemset(n, params);
+  return SetTyped(node, kMemset,
+                  [&](Node* n) { return SetMemset(n, params); });
 }
 FAKE cuGraphHostNodeGetParams(void* node, HostParams* params) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || params == nullptr || n->type != kHost)
-    return CUDA_ERROR_INVALID_VALUE;
-  *params = n->host;
-  return CUDA_SUCCESS;
+  return GetTyped(node, kHost, params, [](const Node& n) { return n.host; });
 }
 FAKE cuGraphHostNodeSetParams(void* node, const HostParams* params) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || n->type != kHost) return CUDA_ERROR_INVALID_VALUE;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  return SetHost(n, params);
+  return SetTyped(node, kHost, [&](Node* n) { return SetHost(n, params); });
 }
 FAKE cuGraphEventRecordNodeGetEvent(void* node, CUevent* event) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || event == nullptr || n->type != kEventRecord)
-    return CUDA_ERROR_INVALID_VALUE;
-  *event = static_cast<CUevent>(n->event_handle);
-  return CUDA_SUCCESS;
+  return GetTyped(node, kEventRecord, event, [](const Node& n) {
+    return static_cast<CUevent>(n.event_handle);
+  });
 }
 FAKE cuGraphEventWaitNodeGetEvent(void* node, CUevent* event) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || event == nullptr || n->type != kWaitEvent)
-    return CUDA_ERROR_INVALID_VALUE;
-  *event = static_cast<CUevent>(n->event_handle);
-  return CUDA_SUCCESS;
+  return GetTyped(node, kWaitEvent, event, [](const Node& n) {
+    return static_cast<CUevent>(n.event_handle);
+  });
 }
 FAKE cuGraphEventRecordNodeSetEvent(void* node, CUevent event) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || n->type != kEventRecord) return CUDA_ERROR_INVALID_VALUE;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  return SetEvent(n, event);
+  return SetTyped(node, kEventRecord,
+                  [&](Node* n) { return SetEvent(n, event); });
 }
 FAKE cuGraphEventWaitNodeSetEvent(void* node, CUevent event) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || n->type != kWaitEvent) return CUDA_ERROR_INVALID_VALUE;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  return SetEvent(n, event);
+  return SetTyped(node, kWaitEvent,
+                  [&](Node* n) { return SetEvent(n, event); });
 }
 
 FAKE cuGraphMemAllocNodeGetParams(void* node, MemAllocParams* params) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || params == nullptr || n->type != kMemAlloc)
-    return CUDA_ERROR_INVALID_VALUE;
-  std::memset(params, 0, sizeof *params);
-  params->poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
-  params->poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
-  params->poolProps.location.id = n->device;
-  params->bytesize = n->bytes;
-  params->dptr = n->dptr;
-  return CUDA_SUCCESS;
+  return GetTyped(node, kMemAlloc, params, [](const Node& n) {
+    MemAllocParams out{};
+    out.poolProps.allocType = CU_MEM_ALLOCATION_TYPE_PINNED;
+    out.poolProps.location.type = CU_MEM_LOCATION_TYPE_DEVICE;
+    out.poolProps.location.id = n.device;
+    out.bytesize = n.bytes;
+    out.dptr = n.dptr;
+    return out;
+  });
 }
 
 FAKE cuGraphMemFreeNodeGetParams(void* node, CUdeviceptr* dptr) {
   ENTER();
-  auto* n = static_cast<Node*>(node);
-  if (n == nullptr || dptr == nullptr || n->type != kMemFree)
-    return CUDA_ERROR_INVALID_VALUE;
-  *dptr = n->dptr;
-  return CUDA_SUCCESS;
+  return GetTyped(node, kMemFree, dptr, [](const Node& n) { return n.dptr; });
 }
 
 FAKE cuGraphNodeFindInClone(void** out, void* node, void* clone) {

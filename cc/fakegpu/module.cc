@@ -258,10 +258,21 @@ void Launched() {
 
 // Kernels do not run: a launch is accepted in stream order and does
 // nothing, so the values XLA computes are meaningless.
-FAKE cuLaunchKernel(void* f, unsigned int, unsigned int, unsigned int,
-                    unsigned int, unsigned int, unsigned int, unsigned int,
-                    CUstream stream, void**, void**) {
+FAKE cuLaunchKernel(void* f, unsigned int gx, unsigned int gy,
+                    unsigned int gz, unsigned int bx, unsigned int by,
+                    unsigned int bz, unsigned int shared_bytes,
+                    CUstream stream, void** params, void** extra) {
   ENTER();
+  {
+    Driver& d = D();
+    std::lock_guard<std::mutex> lock(d.mu);
+    const unsigned long long args[11] = {
+        reinterpret_cast<std::uintptr_t>(f), gx, gy, gz, bx, by, bz,
+        shared_bytes, reinterpret_cast<std::uintptr_t>(stream),
+        reinterpret_cast<std::uintptr_t>(params),
+        reinterpret_cast<std::uintptr_t>(extra)};
+    std::copy(args, args + 11, d.last_launch);
+  }
   if (f == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (StreamFor(stream) == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (CUresult r = 0; CaptureKernel(stream, f, &r)) return r;

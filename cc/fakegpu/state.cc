@@ -96,6 +96,25 @@ Options ReadOptions() {
     }
     o.faults[item.substr(0, a)] = Options::Fault{nth, static_cast<int>(code)};
   }
+  const std::string version = Env("JAXLAKE_FAKEGPU_DRIVER_VERSION");
+  if (!version.empty()) {
+    if (ParseU64(version, &v) && v >= 1000 && v <= 99999)
+      o.driver_version = static_cast<int>(v);
+    else
+      BadOption("JAXLAKE_FAKEGPU_DRIVER_VERSION", version,
+                "a CUDA version number such as 12080");
+  }
+  const std::string no_vmm = Env("JAXLAKE_FAKEGPU_NO_VMM");
+  for (std::size_t at = 0; at < no_vmm.size();) {
+    std::size_t end = no_vmm.find(',', at);
+    if (end == std::string::npos) end = no_vmm.size();
+    const std::string item = no_vmm.substr(at, end - at);
+    at = end + 1;
+    if (ParseU64(item, &v) && v < static_cast<std::uint64_t>(o.count))
+      o.no_vmm.push_back(static_cast<int>(v));
+    else
+      BadOption("JAXLAKE_FAKEGPU_NO_VMM", item, "a device ordinal");
+  }
   const std::string log = Env("JAXLAKE_FAKEGPU_LOG");
   if (!log.empty()) o.log = log;
   o.stats = Env("JAXLAKE_FAKEGPU_STATS");
@@ -107,6 +126,7 @@ struct Counters {
   std::map<std::string, std::uint64_t> calls;
   std::map<std::string, std::uint64_t> unsupported;
   std::uint64_t failed = 0;
+  std::uint64_t capture_refusals = 0;
   // Bytes of the device's copies and memsets (Zero, Fill, Move): written,
   // and left to the OS as zero pages instead.
   std::atomic<std::uint64_t> memset_written{0};
@@ -213,6 +233,30 @@ const Options& Opts() {
     return p;
   }();
   return *o;
+}
+
+bool HasVmm(int device) {
+  const std::vector<int>& off = Opts().no_vmm;
+  return std::find(off.begin(), off.end(), device) == off.end();
+}
+
+std::uint64_t Calls(const std::string& name) {
+  Counters& c = C();
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto it = c.calls.find(name);
+  return it == c.calls.end() ? 0 : it->second;
+}
+
+void CountCaptureRefusal() {
+  Counters& c = C();
+  std::lock_guard<std::mutex> lock(c.mu);
+  ++c.capture_refusals;
+}
+
+std::uint64_t CaptureRefusals() {
+  Counters& c = C();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.capture_refusals;
 }
 
 bool Enter(const char* name, int* code) {
@@ -471,6 +515,32 @@ bool Stream::Idle() {
   return done_ == enqueued_;
 }
 
+void Stream::Hold() {
+  std::uint64_t hold = 0;
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    hold = ++holds_;
+  }
+  // Work of its own, in order: what comes after it waits with it.
+  Enqueue([this, hold] {
+    std::unique_lock<std::mutex> lock(mu_);
+    cv_.wait(lock, [&] { return stop_ || released_ >= hold; });
+  });
+}
+
+bool Stream::Held() {
+  std::lock_guard<std::mutex> lock(mu_);
+  return released_ < holds_;
+}
+
+void Stream::Release() {
+  {
+    std::lock_guard<std::mutex> lock(mu_);
+    released_ = holds_;
+  }
+  cv_.notify_all();
+}
+
 void Stream::Run() {
   std::unique_lock<std::mutex> lock(mu_);
   for (;;) {
@@ -580,6 +650,12 @@ bool DestroyEvent(void* handle) {
   Handles& h = H();
   std::lock_guard<std::mutex> lock(h.mu);
   return h.events.erase(reinterpret_cast<std::uintptr_t>(handle)) == 1;
+}
+
+std::size_t LiveEvents() {
+  Handles& h = H();
+  std::lock_guard<std::mutex> lock(h.mu);
+  return h.events.size();
 }
 
 void RecordEvent(const std::shared_ptr<Event>& e, Stream* s) {

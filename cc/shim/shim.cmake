@@ -1,5 +1,5 @@
 # The libcuda.so.1 stand-in that hands XLA's allocations to the lake
-# (cc/shim/README.md), its fake-driver tests, and the CUDA backend's link
+# (cc/shim/README.md), its tests over the fake GPU, and the CUDA backend's link
 # needs. Included by CMakeLists.txt after the libraries are defined.
 
 # The CUDA backend (cc/vmm/cuda_driver.cc, in jaxlake_vmm) opens the driver
@@ -113,37 +113,35 @@ if(JAXLAKE_BUILD_SHIM)
 
   if(JAXLAKE_BUILD_TESTS)
     enable_testing()
-    # A fake driver on host memory (tests/shim/fake_cuda.cc), with the real
-    # driver's SONAME; the shim tests point JAXLAKE_REAL_LIBCUDA at it.
-    add_library(jaxlake_fakecuda SHARED tests/shim/fake_cuda.cc)
-    target_link_libraries(jaxlake_fakecuda PRIVATE jaxlake_vmm
-                          Threads::Threads)
-    set_target_properties(jaxlake_fakecuda PROPERTIES
-      OUTPUT_NAME "fakecuda" NO_SONAME ON
-      CXX_VISIBILITY_PRESET hidden VISIBILITY_INLINES_HIDDEN ON
-      LIBRARY_OUTPUT_DIRECTORY "${CMAKE_BINARY_DIR}/jaxlake_fakecuda")
-    target_link_options(jaxlake_fakecuda PRIVATE
-      "LINKER:-soname,libcuda.so.1" "LINKER:--exclude-libs,ALL")
-    jaxlake_warnings(jaxlake_fakecuda)
-
-    # The CUDA backend itself over the fake driver.
+    # The shim's tests run over the fake GPU, loaded by path as the real
+    # driver (its control API: cc/fakegpu/control.h).
+    # The CUDA backend itself over the fake GPU.
     add_executable(cuda_driver_test tests/shim/cuda_driver_test.cc)
     target_link_libraries(cuda_driver_test PRIVATE jaxlake_lake jaxlake_vmm)
     target_compile_definitions(cuda_driver_test PRIVATE
-      JAXLAKE_FAKECUDA_PATH="$<TARGET_FILE:jaxlake_fakecuda>")
-    add_dependencies(cuda_driver_test jaxlake_fakecuda)
+      JAXLAKE_FAKEGPU_PATH="$<TARGET_FILE:jaxlake_fakegpu>")
+    add_dependencies(cuda_driver_test jaxlake_fakegpu)
     jaxlake_warnings(cuda_driver_test)
     add_test(NAME cuda_driver_test COMMAND cuda_driver_test)
     set_tests_properties(cuda_driver_test PROPERTIES TIMEOUT 120)
+    # The driver conformance suite (tests/cc/driver_suite.h) over it.
+    add_executable(cuda_conformance_test tests/shim/cuda_conformance_test.cc)
+    target_link_libraries(cuda_conformance_test PRIVATE jaxlake_vmm)
+    target_compile_definitions(cuda_conformance_test PRIVATE
+      JAXLAKE_FAKEGPU_PATH="$<TARGET_FILE:jaxlake_fakegpu>")
+    add_dependencies(cuda_conformance_test jaxlake_fakegpu)
+    jaxlake_warnings(cuda_conformance_test)
+    add_test(NAME cuda_conformance_test COMMAND cuda_conformance_test)
+    set_tests_properties(cuda_conformance_test PROPERTIES TIMEOUT 120)
 
     add_executable(shim_test tests/shim/shim_test.cc)
     target_include_directories(shim_test PRIVATE "${PROJECT_SOURCE_DIR}")
     target_link_libraries(shim_test PRIVATE ${CMAKE_DL_LIBS} Threads::Threads)
     target_compile_definitions(shim_test PRIVATE
       JAXLAKE_SHIM_PATH="$<TARGET_FILE:jaxlake_shim>"
-      JAXLAKE_FAKECUDA_PATH="$<TARGET_FILE:jaxlake_fakecuda>"
+      JAXLAKE_FAKEGPU_PATH="$<TARGET_FILE:jaxlake_fakegpu>"
       JAXLAKE_SYMBOLS_PATH="${jaxlake_shim_symbols}")
-    add_dependencies(shim_test jaxlake_shim jaxlake_fakecuda)
+    add_dependencies(shim_test jaxlake_shim jaxlake_fakegpu)
     jaxlake_warnings(shim_test)
     # The shim reads its options once, at load: each configuration is a
     # process of its own. The default run sets a 64 MiB capacity itself.
@@ -156,11 +154,23 @@ if(JAXLAKE_BUILD_SHIM)
              COMMAND shim_test ${jaxlake_shim_forward_tests})
     add_test(NAME shim_test_bad_option
              COMMAND shim_test ${jaxlake_shim_forward_tests})
+    # A driver with cuInit alone: the names it lacks (the fake GPU has all).
+    add_library(jaxlake_bare_driver SHARED tests/shim/bare_driver.cc)
+    target_include_directories(jaxlake_bare_driver PRIVATE
+      "${PROJECT_SOURCE_DIR}")
+    set_target_properties(jaxlake_bare_driver PROPERTIES
+      OUTPUT_NAME "bare_driver" CXX_VISIBILITY_PRESET hidden
+      LIBRARY_OUTPUT_DIRECTORY "${CMAKE_BINARY_DIR}/jaxlake_bare_driver")
+    jaxlake_warnings(jaxlake_bare_driver)
+    add_dependencies(shim_test jaxlake_bare_driver)
+    add_test(NAME shim_test_bare_driver COMMAND shim_test missing)
+    set_tests_properties(shim_test_bare_driver PROPERTIES ENVIRONMENT
+      "JAXLAKE_REAL_LIBCUDA=$<TARGET_FILE:jaxlake_bare_driver>")
     set_tests_properties(shim_test_hooks_off PROPERTIES
       ENVIRONMENT "JAXLAKE_SHIM_HOOKS=0")
     set_tests_properties(shim_test_bad_option PROPERTIES
       ENVIRONMENT "JAXLAKE_CAPACITY=64MiB")
     set_tests_properties(shim_test shim_test_hooks_off shim_test_bad_option
-                         PROPERTIES TIMEOUT 120)
+                         shim_test_bare_driver PROPERTIES TIMEOUT 120)
   endif()
 endif()

@@ -16,6 +16,7 @@
 #include "cc/vmm/host_driver.h"
 #include "cc/vmm/sim_driver.h"
 #include "tests/cc/check.h"
+#include "tests/cc/test_util.h"
 
 namespace {
 
@@ -23,6 +24,8 @@ using jaxlake::AllocState;
 using jaxlake::Lake;
 using jaxlake::LakeOptions;
 using jaxlake::vmm::Call;
+using jaxlake::testing::Alloc;
+using jaxlake::testing::HookDriver;
 using jaxlake::vmm::Status;
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
@@ -45,16 +48,6 @@ LakeOptions Slabs() {
   LakeOptions o;
   o.small_limit = kMiB;
   return o;
-}
-
-std::uintptr_t Alloc(Lake& lake, std::size_t n, AllocState* how = nullptr,
-                     std::uint64_t stream = 0) {
-  std::uintptr_t p = 0;
-  AllocState state{};
-  Status s = lake.allocate(n, stream, &p, &state);
-  CHECK_EQ(static_cast<int>(s), static_cast<int>(Status::kOk));
-  if (how) *how = state;
-  return p;
 }
 
 void Fill(std::uintptr_t p, std::size_t n, unsigned char v) {
@@ -726,28 +719,6 @@ TEST(stitching_takes_only_wholly_free_chunks) {
   CHECK_EQ(lake.check(), std::string());
 }
 
-// A sim driver that runs a callback inside its nth map call, while the
-// lake has released its lock: a deterministic interleaving.
-class MapHookDriver : public jaxlake::vmm::SimDriver {
- public:
-  using SimDriver::SimDriver;
-  int hook_at = 0;  // the map call (1 = the first) that runs on_map
-  std::function<void()> on_map;
-
- protected:
-  Status do_map(std::uintptr_t va, std::size_t size, std::size_t offset,
-                jaxlake::vmm::Handle handle) override {
-    if (++maps_ == hook_at && on_map) {
-      auto f = std::move(on_map);
-      f();
-    }
-    return SimDriver::do_map(va, size, offset, handle);
-  }
-
- private:
-  int maps_ = 0;
-};
-
 // preallocate: the first growth takes the whole capacity as one segment;
 // later requests are served from it with no create, and it is taken once
 // (after empty_cache the lake grows on demand).
@@ -816,7 +787,7 @@ TEST(refused_larger_segments_fall_back_to_the_request) {
 // starts a second thread, which finds no memory, and lets the creation
 // finish only once that thread waits (its refusal counted in reclaims).
 TEST(allocation_waits_for_a_creation_in_flight) {
-  MapHookDriver drv(Small(1024 * kMiB));
+  HookDriver drv(Small(1024 * kMiB));
   LakeOptions o = Capped(32 * kMiB);
   o.preallocate = true;
   Lake lake(drv, o);
@@ -844,7 +815,7 @@ TEST(allocation_waits_for_a_creation_in_flight) {
 // allocate from the free units of the chunks it maps and free the block
 // beside its lead: nothing overlaps and every invariant holds.
 TEST(tail_led_stitch_shares_its_chunks_while_mapping) {
-  MapHookDriver drv(Small());
+  HookDriver drv(Small());
   Lake lake(drv, LakeOptions{});
   const std::size_t n = 2 * kMiB + kMiB / 4;
   auto a = Alloc(lake, n);  // map 1: a segment of 2 chunks, 1.75 MiB free
@@ -1063,7 +1034,7 @@ TEST(edge_growth_spans_the_free_run_with_the_lock_released) {
 // each claimed its own stretch of the range before unlocking, so they lie
 // back to back in claim order and nothing overlaps.
 TEST(growths_with_the_lock_released_get_adjacent_stretches) {
-  MapHookDriver drv(Small());
+  HookDriver drv(Small());
   Lake lake(drv, LakeOptions{});
   auto a = Alloc(lake, 2 * kMiB);  // map 1
   std::uintptr_t c = 0;
@@ -1087,31 +1058,11 @@ TEST(growths_with_the_lock_released_get_adjacent_stretches) {
   CHECK_EQ(drv.reserved_bytes(), 0u);
 }
 
-// A sim driver that runs a callback inside its nth reserve call.
-class ReserveHookDriver : public jaxlake::vmm::SimDriver {
- public:
-  using SimDriver::SimDriver;
-  int hook_at = 0;
-  std::function<void()> on_reserve;
-
- protected:
-  Status do_reserve(std::size_t size, std::uintptr_t* va) override {
-    if (++reserves_ == hook_at && on_reserve) {
-      auto f = std::move(on_reserve);
-      f();
-    }
-    return SimDriver::do_reserve(size, va);
-  }
-
- private:
-  int reserves_ = 0;
-};
-
 // Two growths that both find no growth range reserve one each (lock
 // released); both ranges are kept, the later growths use one of them, and
 // each is freed with its last segment.
 TEST(growth_ranges_reserved_with_the_lock_released) {
-  ReserveHookDriver drv(Small());
+  HookDriver drv(Small());
   LakeOptions o = Capped(32 * kMiB);
   Lake lake(drv, o);
   std::uintptr_t c = 0;
@@ -1158,31 +1109,11 @@ TEST(failed_growth_gives_its_stretch_back) {
   CHECK_EQ(lake.check(), std::string());
 }
 
-// A sim driver that runs a callback inside its nth unmap call.
-class UnmapHookDriver : public jaxlake::vmm::SimDriver {
- public:
-  using SimDriver::SimDriver;
-  int hook_at = 0;
-  std::function<void()> on_unmap;
-
- protected:
-  Status do_unmap(std::uintptr_t va, std::size_t size) override {
-    if (++unmaps_ == hook_at && on_unmap) {
-      auto f = std::move(on_unmap);
-      f();
-    }
-    return SimDriver::do_unmap(va, size);
-  }
-
- private:
-  int unmaps_ = 0;
-};
-
 // Two releases of segments of one growth range, the second made while the
 // first is unmapping (lock released): the range's reservation is freed
 // only after both unmaps, by whichever finishes last.
 TEST(range_freed_after_its_last_segment_is_unmapped) {
-  UnmapHookDriver drv(Small());
+  HookDriver drv(Small());
   Lake lake(drv, LakeOptions{});
   auto x = Alloc(lake, 2 * kMiB);
   auto y = Alloc(lake, 2 * kMiB);

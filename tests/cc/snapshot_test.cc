@@ -11,6 +11,7 @@
 #include "cc/lake/lake.h"
 #include "cc/vmm/sim_driver.h"
 #include "tests/cc/check.h"
+#include "tests/cc/test_util.h"
 
 namespace {
 
@@ -20,29 +21,14 @@ using jaxlake::Lake;
 using jaxlake::LakeOptions;
 using jaxlake::LakeSnapshot;
 using jaxlake::SnapshotRun;
+using jaxlake::testing::Alloc;
 using jaxlake::vmm::Status;
 
 constexpr std::size_t kMiB = std::size_t{1} << 20;
 
-// The sim driver, running a callback after each successful map call.
-class CallbackDriver : public jaxlake::vmm::SimDriver {
- public:
-  CallbackDriver() : SimDriver(Options()) {}
-  std::function<void()> on_map;
-
- protected:
-  Status do_map(std::uintptr_t va, std::size_t size, std::size_t offset,
-                jaxlake::vmm::Handle handle) override {
-    const Status s = SimDriver::do_map(va, size, offset, handle);
-    if (s == Status::kOk && on_map) {
-      auto f = std::move(on_map);  // once
-      on_map = nullptr;
-      f();
-    }
-    return s;
-  }
-
- private:
+// The sim driver, running on_map once after the next successful map call.
+struct CallbackDriver : jaxlake::testing::HookDriver {
+  CallbackDriver() : HookDriver(Options()) { after = true; }
   static jaxlake::vmm::SimOptions Options() {
     jaxlake::vmm::SimOptions o;
     o.granularity = 2 * kMiB;
@@ -50,14 +36,6 @@ class CallbackDriver : public jaxlake::vmm::SimDriver {
     return o;
   }
 };
-
-std::uintptr_t Alloc(Lake& lake, std::size_t n, AllocState* how = nullptr) {
-  std::uintptr_t p = 0;
-  AllocState state{};
-  CHECK(lake.allocate(n, 0, &p, &state) == Status::kOk);
-  if (how) *how = state;
-  return p;
-}
 
 // Every segment tiled by its runs; the figures agree with the runs.
 void CheckConsistent(const LakeSnapshot& s) {

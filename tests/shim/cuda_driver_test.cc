@@ -1,9 +1,10 @@
-// Tests of the CUDA backend (cc/vmm/cuda_driver.h) over the fake driver
-// (tests/shim/fake_cuda.cc), loaded by its absolute path as the real driver
-// would be. The fake has three devices: 0 and 1 support VMM and can access
-// each other, 2 supports neither.
+// Tests of the CUDA backend (cc/vmm/cuda_driver.h) over the fake GPU
+// (cc/fakegpu), loaded by its absolute path as the real driver would be,
+// with three 1 GiB devices: 0 and 1 support VMM and can access each other,
+// 2 supports neither (tests/shim/fake_gpu.h).
 #include <dlfcn.h>
 
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <string>
@@ -13,6 +14,7 @@
 #include "cc/lake/lake.h"
 #include "cc/vmm/cuda_driver.h"
 #include "tests/cc/check.h"
+#include "tests/shim/fake_gpu.h"
 
 namespace {
 
@@ -27,7 +29,7 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
 std::shared_ptr<CudaLibrary> Library() {
   std::string error;
   std::shared_ptr<CudaLibrary> lib =
-      CudaLibrary::Open(JAXLAKE_FAKECUDA_PATH, &error);
+      CudaLibrary::Open(JAXLAKE_FAKEGPU_PATH, &error);
   CHECK_EQ(error, "");
   return lib;
 }
@@ -40,17 +42,11 @@ std::unique_ptr<CudaDriver> Driver(int ordinal,
   return driver;
 }
 
-// A test export of the fake driver.
-template <typename F>
-F* Fake(const char* name) {
-  void* h = ::dlopen(JAXLAKE_FAKECUDA_PATH, RTLD_NOW | RTLD_NOLOAD);
-  return h != nullptr ? reinterpret_cast<F*>(::dlsym(h, name)) : nullptr;
-}
 unsigned long long CreatedBytes(int device) {
-  return Fake<unsigned long long(int)>("fakecuda_created_bytes")(device);
+  return FAKEGPU(jaxlake_fakegpu_created_bytes)(device);
 }
 int PrimaryRefs(int device) {
-  return Fake<int(int)>("fakecuda_primary_refs")(device);
+  return FAKEGPU(jaxlake_fakegpu_primary_refs)(device);
 }
 
 bool Contains(const std::string& text, const std::string& part) {
@@ -69,10 +65,10 @@ TEST(factory_says_why_it_cannot_make_a_driver) {
   ::dladdr(reinterpret_cast<void*>(&::dlopen), &info);
   CHECK(jaxlake::vmm::MakeCudaDriver(info.dli_fname, 0, &why) == nullptr);
   CHECK(Contains(why, "has no cuInit"));
-  CHECK(jaxlake::vmm::MakeCudaDriver(JAXLAKE_FAKECUDA_PATH, 7, &why) ==
+  CHECK(jaxlake::vmm::MakeCudaDriver(JAXLAKE_FAKEGPU_PATH, 7, &why) ==
         nullptr);
   CHECK(Contains(why, "device 7 does not exist (3 devices)"));
-  CHECK(jaxlake::vmm::MakeCudaDriver(JAXLAKE_FAKECUDA_PATH, 2, &why) ==
+  CHECK(jaxlake::vmm::MakeCudaDriver(JAXLAKE_FAKEGPU_PATH, 2, &why) ==
         nullptr);
   CHECK(Contains(why, "device 2 does not support virtual memory management"));
 }
@@ -127,17 +123,17 @@ TEST(events_follow_their_stream) {
   jaxlake::vmm::Event e = 0;
   REQUIRE(driver->event_create(&e) == Status::kOk);
   CHECK(driver->event_record(e, 0) == Status::kOk);
-  CHECK(driver->event_query(e) == Status::kOk);
+  // The fake GPU runs a stream's work on a thread: complete once waited for.
   CHECK(driver->event_synchronize(e) == Status::kOk);
+  CHECK(driver->event_query(e) == Status::kOk);
   CHECK(driver->event_destroy(e) == Status::kOk);
 }
 
 TEST(calls_work_from_a_thread_without_a_context_and_leave_none) {
   auto driver = Driver(0);
   REQUIRE(driver != nullptr);
-  auto* get_current =
-      Fake<int(void**)>("cuCtxGetCurrent");  // the fake's own entry point
-  REQUIRE(get_current != nullptr);
+  auto* get_current = jaxlake::testing::FakeGpuFn<int(void**)>(
+      "cuCtxGetCurrent");  // the fake's own entry point
   Status created = Status::kDriverError;
   void* after = reinterpret_cast<void*>(1);
   std::thread worker([&] {
@@ -201,4 +197,11 @@ TEST(a_lake_over_the_cuda_driver_stitches) {
 
 }  // namespace
 
-int main(int argc, char** argv) { return jaxlake::check::RunAll(argc, argv); }
+int main(int argc, char** argv) {
+  jaxlake::testing::UseFakeGpuDevices();
+  if (::dlopen(JAXLAKE_FAKEGPU_PATH, RTLD_NOW) == nullptr) {
+    std::fprintf(stderr, "cannot load the fake GPU: %s\n", ::dlerror());
+    return 1;
+  }
+  return jaxlake::check::RunAll(argc, argv);
+}

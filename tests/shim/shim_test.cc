@@ -1,17 +1,20 @@
-// Tests of the libcuda.so.1 shim over the fake driver (fake_cuda.cc).
+// Tests of the libcuda.so.1 shim over the fake GPU (cc/fakegpu), with three
+// 1 GiB devices, the third without VMM (tests/shim/fake_gpu.h).
 //
 // The test loads the shim as jaxlake's Python side does (RTLD_GLOBAL, before
 // anything opens the driver), with JAXLAKE_REAL_LIBCUDA pointing at the fake
-// driver, then does what XLA does: dlopen("libcuda.so.1"), dlsym the entry
-// points, cuInit, retain and make current the primary context, take the
-// default pool, and allocate and free with cuMemAllocFromPoolAsync and
-// cuMemFreeAsync on streams.
+// GPU's library, then does what XLA does: dlopen("libcuda.so.1"), dlsym the
+// entry points, cuInit, retain and make current the primary context, take
+// the default pool, and allocate and free with cuMemAllocFromPoolAsync and
+// cuMemFreeAsync on streams. The fake runs each stream's work on a thread
+// of its own, so a test that needs that work done waits for it (Finish).
 //
 // The shim reads its options once, at load, so one process is one
 // configuration. Without JAXLAKE_CAPACITY set, main() sets a 64 MiB
-// capacity. ctest runs the file three times (cc/shim/shim.cmake): as is, with
+// capacity. ctest runs the file four times (cc/shim/shim.cmake): as is, with
 // JAXLAKE_SHIM_HOOKS=0 and with a malformed option, the last two only with
-// the tests that do not need a lake.
+// the tests that do not need a lake, and the missing-name test over a
+// driver with cuInit alone (bare_driver.cc).
 #include <dlfcn.h>
 #include <elf.h>
 #include <stdlib.h>
@@ -33,6 +36,7 @@
 #include "cc/shim/jaxlake_shim.h"
 #include "cc/vmm/cuda_types.h"
 #include "tests/cc/check.h"
+#include "tests/shim/fake_gpu.h"
 
 namespace {
 
@@ -42,11 +46,11 @@ constexpr std::size_t kMiB = std::size_t{1} << 20;
 constexpr std::size_t kCapacity = 64 * kMiB;
 
 void* g_shim = nullptr;     // the shim, loaded first (RTLD_GLOBAL)
-void* g_fake = nullptr;     // the fake driver the shim forwards to
+void* g_fake = nullptr;     // the fake GPU the shim forwards to
 void* g_libcuda = nullptr;  // dlopen("libcuda.so.1"): what XLA gets
 
 // The first driver call of the process, made by main() through the shim
-// before any test runs: whether the fake driver was loaded before it, its
+// before any test runs: whether the fake GPU was loaded before it, its
 // result, and the arguments it passed.
 struct FirstCall {
   bool driver_loaded_before = true;
@@ -123,7 +127,7 @@ const Cuda& Cu() {
   return cuda;
 }
 
-// ---- the shim's C API and the fake driver's test exports --------------------
+// ---- the shim's C API and the fake GPU's control API ------------------------
 
 template <typename F>
 F* Api(const char* name) {
@@ -164,9 +168,20 @@ std::string Stats(int device) {
   fn(device, buf.data(), buf.size());
   return buf.data();
 }
+// Waits for the work of every stream (the fake GPU runs each stream's work
+// on a thread of its own): the events the lake recorded are then complete.
+void Finish() { FAKEGPU(jaxlake_fakegpu_synchronize)(-1); }
+// The shim's empty_cache once the devices' work is done. A lake fences what
+// it has not seen complete with events: the second call, after that work
+// ran too, gives the rest back.
 long long EmptyCache(int device) {
-  return Api<decltype(jaxlake_shim_empty_cache)>("jaxlake_shim_empty_cache")(
-      device);
+  auto* empty =
+      Api<decltype(jaxlake_shim_empty_cache)>("jaxlake_shim_empty_cache");
+  Finish();
+  const long long first = empty(device);
+  if (first < 0) return first;
+  Finish();
+  return first + empty(device);
 }
 std::vector<int> LakeDevices() {
   auto* fn =
@@ -177,19 +192,21 @@ std::vector<int> LakeDevices() {
 }
 
 unsigned long long FakeCalls(const char* name) {
-  return Sym<unsigned long long(const char*)>(g_fake, "fakecuda_calls")(name);
+  return FAKEGPU(jaxlake_fakegpu_calls)(name);
 }
-void Hold(CUstream s) {
-  Sym<void(CUstream)>(g_fake, "fakecuda_hold_stream")(s);
+// Calls the fake GPU refused because of a capture: the lake must cause none.
+unsigned long long CaptureRefusals() {
+  return FAKEGPU(jaxlake_fakegpu_capture_refusals)();
 }
+void Hold(CUstream s) { CHECK_EQ(FAKEGPU(jaxlake_fakegpu_hold_stream)(s), 0); }
 void Release(CUstream s) {
-  Sym<void(CUstream)>(g_fake, "fakecuda_release_stream")(s);
+  CHECK_EQ(FAKEGPU(jaxlake_fakegpu_release_stream)(s), 0);
 }
 unsigned long long CreatedBytes(int device) {
-  return Sym<unsigned long long(int)>(g_fake, "fakecuda_created_bytes")(device);
+  return FAKEGPU(jaxlake_fakegpu_created_bytes)(device);
 }
 unsigned long long PoolBytes(int device) {
-  return Sym<unsigned long long(int)>(g_fake, "fakecuda_pool_bytes")(device);
+  return FAKEGPU(jaxlake_fakegpu_pool_bytes)(device);
 }
 
 // The integer after `"key": ` in `json` (the first one), or -1.
@@ -329,7 +346,7 @@ TEST(first_call_loads_the_driver_and_keeps_every_argument) {
   CHECK(g_first.driver_loaded_after);
   CHECK_EQ(g_first.result, CUDA_SUCCESS);
   unsigned long long got[11] = {};
-  Sym<void(unsigned long long*)>(g_fake, "fakecuda_last_launch")(got);
+  FAKEGPU(jaxlake_fakegpu_last_launch)(got);
   for (int i = 0; i < 11; ++i) CHECK_EQ(got[i], g_first.args[i]);
   CHECK_EQ(FakeCalls("cuLaunchKernel"), 1u);
 }
@@ -337,7 +354,7 @@ TEST(first_call_loads_the_driver_and_keeps_every_argument) {
 TEST(configuration_is_reported) {
   const std::string status = Status();
   CHECK_EQ(JsonInt(status, "api_version"), JAXLAKE_SHIM_API_VERSION);
-  CHECK(status.find("\"real_libcuda\": \"" JAXLAKE_FAKECUDA_PATH "\"") !=
+  CHECK(status.find("\"real_libcuda\": \"" JAXLAKE_FAKEGPU_PATH "\"") !=
         std::string::npos);
   CHECK_EQ(std::string(Api<decltype(jaxlake_shim_version)>(
                            "jaxlake_shim_version")())
@@ -402,13 +419,13 @@ TEST(every_listed_symbol_is_exported_and_nothing_else) {
     CHECK(::dlsym(g_shim, internal) == nullptr);
 }
 
-TEST(unhooked_calls_reach_the_fake_driver) {
+TEST(unhooked_calls_reach_the_fake_gpu) {
   const Cuda& cu = Cu();
   Ready(0);
   const auto before = FakeCalls("cuDeviceGetName");
   char name[64] = {};
   CHECK_EQ(cu.DeviceGetName(name, sizeof name, 1), CUDA_SUCCESS);
-  CHECK_EQ(std::string(name), "jaxlake fake device 1");
+  CHECK_EQ(std::string(name), "NVIDIA H100 80GB HBM3 (jaxlake fake)");
   CHECK_EQ(FakeCalls("cuDeviceGetName"), before + 1);
   int version = 0;
   CHECK_EQ(cu.DriverGetVersion(&version), CUDA_SUCCESS);
@@ -423,14 +440,27 @@ TEST(unhooked_calls_reach_the_fake_driver) {
 }
 
 TEST(missing_names_return_not_found) {
-  // The fake driver has no cuGraphLaunch: the shim exports it all the same
-  // and answers CUDA_ERROR_NOT_FOUND instead of crashing.
-  REQUIRE(::dlsym(g_fake, "cuGraphLaunch") == nullptr);
-  auto* launch = Sym<int()>(g_libcuda, "cuGraphLaunch");
-  REQUIRE(launch != nullptr);
-  CHECK_EQ(launch(), CUDA_ERROR_NOT_FOUND);
+  // A listed name the driver does not define: the shim exports it all the
+  // same and answers CUDA_ERROR_NOT_FOUND instead of crashing. The fake GPU
+  // defines every listed name; shim_test_bare_driver runs this test over a
+  // driver with cuInit alone (bare_driver.cc).
+  std::string absent;
+  for (const std::string& name : ListedNames()) {
+    if (::dlsym(g_fake, name.c_str()) == nullptr) {
+      absent = name;
+      break;
+    }
+  }
   const std::string status = Status();
-  CHECK(JsonInt(status, "forwarded_found") > 10);
+  if (absent.empty()) {
+    CHECK_EQ(JsonInt(status, "forwarded_found"),
+             JsonInt(status, "forwarded_names"));
+    return;
+  }
+  auto* missing = Sym<int()>(g_libcuda, absent.c_str());
+  REQUIRE(missing != nullptr);
+  CHECK_EQ(missing(), CUDA_ERROR_NOT_FOUND);
+  CHECK(JsonInt(status, "forwarded_found") >= 1);  // cuInit
   CHECK(JsonInt(status, "forwarded_found") <
         JsonInt(status, "forwarded_names"));
 }
@@ -503,7 +533,7 @@ TEST(pool_allocations_are_served_by_the_lake_with_their_stream) {
   REQUIRE_EQ(cu.MemAllocFromPoolAsync(&small, 1000, d.pool, s2), CUDA_SUCCESS);
   CHECK_EQ(big % 256, 0u);
   CHECK_EQ(small % 256, 0u);
-  // The fake device's memory is host memory: the bytes are real.
+  // The fake GPU's memory is host memory: the bytes are real.
   std::memset(reinterpret_cast<void*>(big), 0xAB, 8 * kMiB);
   std::memset(reinterpret_cast<void*>(small), 0xCD, 1000);
   CHECK_EQ(reinterpret_cast<unsigned char*>(big)[8 * kMiB - 1], 0xAB);
@@ -527,7 +557,7 @@ TEST(pool_allocations_are_served_by_the_lake_with_their_stream) {
   CHECK(lines[0].find("\"format\": \"jaxlake-trace\"") != std::string::npos);
   CHECK(lines[0].find("\"name\": \"served\"") != std::string::npos);
   CHECK(lines[0].find("\"source\": \"shim\"") != std::string::npos);
-  CHECK_EQ(JsonInt(lines[0], "devices"), 3);
+  CHECK_EQ(JsonInt(lines[0], "devices"), jaxlake::testing::kFakeDevices);
   CHECK(lines[1].find("\"op\": \"alloc\"") != std::string::npos);
   CHECK_EQ(JsonInt(lines[1], "size"), static_cast<long long>(8 * kMiB));
   CHECK_EQ(JsonInt(lines[1], "stream"), static_cast<long long>(Value(s1)));
@@ -714,7 +744,7 @@ TEST(pool_attributes_report_the_lake) {
                d.pool, CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES,
                &reuse),
            CUDA_SUCCESS);
-  CHECK_EQ(reuse, 0);
+  CHECK_EQ(reuse, 1);  // the driver's default
   // A reset of a high mark is the driver's; the lake's peak stays.
   cuuint64_t zero = 0;
   CHECK_EQ(set(d.pool, CU_MEMPOOL_ATTR_USED_MEM_HIGH, &zero), CUDA_SUCCESS);
@@ -728,9 +758,13 @@ TEST(pool_attributes_report_the_lake) {
   CHECK(Gauge(0, "bytes_reserved") > 0);
   CHECK_EQ(trim(d.pool, 1ull << 40), CUDA_SUCCESS);
   CHECK(Gauge(0, "bytes_reserved") > 0);
+  // The lake fences what it releases with an event on the stream of the
+  // free; once the fake GPU's stream ran it, a second trim releases all.
+  CHECK_EQ(trim(d.pool, 0), CUDA_SUCCESS);
+  Finish();
   CHECK_EQ(trim(d.pool, 0), CUDA_SUCCESS);
   CHECK_EQ(Gauge(0, "bytes_reserved"), 0);
-  CHECK_EQ(FakeCalls("cuMemPoolTrimTo"), trims + 2);
+  CHECK_EQ(FakeCalls("cuMemPoolTrimTo"), trims + 3);
   CHECK_EQ(attr(CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT), 0u);
 }
 
@@ -945,8 +979,8 @@ TEST(peers_get_access_to_the_lake_memory) {
   CUdeviceptr p = 0;
   REQUIRE_EQ(cu.MemAllocFromPoolAsync(&p, 8 * kMiB, d.pool, s), CUDA_SUCCESS);
   CHECK_EQ(FakeCalls("cuMemSetAccess"), calls + 1);
-  CHECK_EQ(Sym<unsigned long long()>(g_fake, "fakecuda_last_access_count")(),
-           2u);
+  // The mapping behind p was granted access for devices 0 and 1 (bits).
+  CHECK_EQ(FAKEGPU(jaxlake_fakegpu_access)(p), 3u);
   CHECK_EQ(cu.MemFreeAsync(p, s), CUDA_SUCCESS);
 }
 
@@ -969,24 +1003,23 @@ TEST(allocations_during_capture_stay_with_the_driver) {
   const Cuda& cu = Cu();
   const Device d = Ready(0);
   const CUstream s = NewStream();
-  auto* set_capturing =
-      Sym<void(CUstream, int)>(g_fake, "fakecuda_set_capturing");
   const auto allocs = FakeCalls("cuMemAllocFromPoolAsync");
   const auto frees = FakeCalls("cuMemFreeAsync");
   const long long captured = HookCount("cuMemAllocFromPoolAsync", "captured");
   const long long captured_frees = HookCount("cuMemFreeAsync", "captured");
-  set_capturing(s, 1);
+  REQUIRE_EQ(BeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL),
+             CUDA_SUCCESS);
   CUdeviceptr p = 0;
   CHECK_EQ(cu.MemAllocFromPoolAsync(&p, 4 * kMiB, d.pool, s), CUDA_SUCCESS);
   CHECK_EQ(cu.MemFreeAsync(p, s), CUDA_SUCCESS);
-  set_capturing(s, 0);
+  CHECK_EQ(EndCapture(s), CUDA_SUCCESS);
   CHECK_EQ(FakeCalls("cuMemAllocFromPoolAsync"), allocs + 1);
   CHECK_EQ(FakeCalls("cuMemFreeAsync"), frees + 1);
   if (InactiveBecause() == nullptr) {
     CHECK_EQ(HookCount("cuMemAllocFromPoolAsync", "captured"), captured + 1);
     CHECK_EQ(HookCount("cuMemFreeAsync", "captured"), captured_frees + 1);
   }
-  CHECK_EQ(FakeCalls("prohibited under capture"), 0u);
+  CHECK_EQ(CaptureRefusals(), 0u);
 }
 
 TEST(a_thread_local_capture_sends_that_threads_requests_to_the_driver) {
@@ -1030,7 +1063,7 @@ TEST(a_thread_local_capture_sends_that_threads_requests_to_the_driver) {
   CHECK_EQ(FakeCalls("cuMemAllocFromPoolAsync"), native + 1);
   CHECK_EQ(HookCount("cuMemAllocFromPoolAsync", "captured"), captured + 1);
   CHECK_EQ(Counter(0, "allocs"), allocs + 1);  // B's
-  CHECK_EQ(FakeCalls("prohibited under capture"), 0u);
+  CHECK_EQ(CaptureRefusals(), 0u);
   // Once the capture ended, the same thread's requests reach the lake.
   CUdeviceptr p = 0;
   CHECK_EQ(cu.MemAllocFromPoolAsync(&p, 6 * kMiB, d.pool, s), CUDA_SUCCESS);
@@ -1073,7 +1106,7 @@ TEST(a_global_capture_sends_other_threads_to_the_driver_unless_relaxed) {
   a.join();
   if (InactiveBecause() == nullptr) {
     CHECK_EQ(Counter(0, "allocs"), allocs + 1);
-    CHECK_EQ(FakeCalls("prohibited under capture"), 0u);
+    CHECK_EQ(CaptureRefusals(), 0u);
   }
 }
 
@@ -1106,7 +1139,7 @@ TEST(lake_and_pool_addresses_never_cross) {
   CHECK_EQ(cu.MemFreeAsync(lake, s), CUDA_ERROR_INVALID_VALUE);
   CHECK_EQ(cu.MemFreeAsync(lake + 256, s), CUDA_ERROR_INVALID_VALUE);
   CHECK_EQ(FakeCalls("cuMemFreeAsync"), frees + 1);
-  CHECK_EQ(FakeCalls("prohibited under capture"), 0u);
+  CHECK_EQ(CaptureRefusals(), 0u);
 }
 
 TEST(get_proc_address_answers_capture_names_with_the_shim) {
@@ -1133,7 +1166,7 @@ TEST(get_proc_address_answers_capture_names_with_the_shim) {
 
 TEST(get_proc_address_answers_allocation_names_with_the_shim) {
   // The entry points whose memory the shim counts as outside the lakes
-  // (those the fake driver has: cuMemAlloc_v2, cuMemFree_v2, cuMemCreate,
+  // (those the fake GPU has: cuMemAlloc_v2, cuMemFree_v2, cuMemCreate,
   // cuMemRelease).
   const Cuda& cu = Cu();
   struct Case {
@@ -1157,8 +1190,8 @@ TEST(get_proc_address_answers_allocation_names_with_the_shim) {
 TEST(range_queries_inside_a_lake_allocation_answer_with_the_allocation) {
   // A buffer's range, as NCCL, RDMA and cuFile ask for it, is the whole
   // lake allocation from any address inside it: the driver would report
-  // one mapping, a piece of a stitched buffer (torchcomms#3078). This fake
-  // driver has no range query, so only the shim can answer.
+  // one mapping, a piece of a stitched buffer (torchcomms#3078). The fake
+  // GPU answers with the mapping, as the driver does.
   const Cuda& cu = Cu();
   const Device d = Ready(0);
   auto* range = Sym<CUresult(CUdeviceptr*, std::size_t*, CUdeviceptr)>(
@@ -1181,8 +1214,17 @@ TEST(range_queries_inside_a_lake_allocation_answer_with_the_allocation) {
   CHECK_EQ(attribute(&n, 12, p), CUDA_SUCCESS);  // RANGE_SIZE
   CHECK_EQ(n, bytes);
   CHECK_EQ(cu.MemFreeAsync(p, nullptr), CUDA_SUCCESS);
-  // Freed, the address is the driver's business again.
-  CHECK(range(&base, &size, p) != CUDA_SUCCESS);
+  // Freed, the address is the driver's business again: the shim's answer
+  // is the fake GPU's own.
+  auto* own = jaxlake::testing::FakeGpuFn<CUresult(CUdeviceptr*, std::size_t*,
+                                                   CUdeviceptr)>(
+      "cuMemGetAddressRange_v2");
+  CUdeviceptr own_base = 0;
+  std::size_t own_size = 0;
+  CHECK_EQ(range(&base, &size, p), own(&own_base, &own_size, p));
+  CHECK(base == own_base);
+  CHECK_EQ(size, own_size);
+  CHECK(base != p || size != bytes);
 }
 
 TEST(a_thread_without_a_context_can_allocate) {
@@ -1267,7 +1309,8 @@ TEST(empty_cache_gives_memory_back_to_the_driver) {
 }  // namespace
 
 int main(int argc, char** argv) {
-  ::setenv("JAXLAKE_REAL_LIBCUDA", JAXLAKE_FAKECUDA_PATH, 0);
+  jaxlake::testing::UseFakeGpuDevices();
+  ::setenv("JAXLAKE_REAL_LIBCUDA", JAXLAKE_FAKEGPU_PATH, 0);
   ::setenv("JAXLAKE_CAPACITY", std::to_string(kCapacity).c_str(), 0);
   g_shim = ::dlopen(JAXLAKE_SHIM_PATH, RTLD_NOW | RTLD_GLOBAL);
   if (g_shim == nullptr) {
@@ -1279,12 +1322,14 @@ int main(int argc, char** argv) {
     std::fprintf(stderr, "dlopen(libcuda.so.1): %s\n", ::dlerror());
     return 1;
   }
-  // The process's first driver call (see first_call_... above).
+  // The process's first driver call (see first_call_... above). The driver
+  // is the fake GPU unless the run names another (shim_test_bare_driver).
+  const char* driver = ::getenv("JAXLAKE_REAL_LIBCUDA");
   g_first.driver_loaded_before =
-      ::dlopen(JAXLAKE_FAKECUDA_PATH, RTLD_NOW | RTLD_NOLOAD) != nullptr;
+      ::dlopen(driver, RTLD_NOW | RTLD_NOLOAD) != nullptr;
   int params = 0;
   const unsigned long long args[11] = {
-      0xF00D, 1, 2, 3, 4, 5, 6, 7, 0x10777,
+      0xF00D, 1, 2, 3, 4, 5, 6, 7, kStreamPerThread,
       reinterpret_cast<std::uintptr_t>(&params), 0xE7};
   std::memcpy(g_first.args, args, sizeof args);
   auto* launch = Sym<CUresult(void*, unsigned, unsigned, unsigned, unsigned,
@@ -1294,11 +1339,10 @@ int main(int argc, char** argv) {
                           7, reinterpret_cast<CUstream>(args[8]),
                           reinterpret_cast<void**>(args[9]),
                           reinterpret_cast<void**>(args[10]));
-  g_fake = ::dlopen(JAXLAKE_FAKECUDA_PATH, RTLD_NOW | RTLD_NOLOAD);
+  g_fake = ::dlopen(driver, RTLD_NOW | RTLD_NOLOAD);
   g_first.driver_loaded_after = g_fake != nullptr;
   if (g_fake == nullptr) {
-    std::fprintf(stderr, "the shim did not load the fake driver %s\n",
-                 JAXLAKE_FAKECUDA_PATH);
+    std::fprintf(stderr, "the shim did not load the driver %s\n", driver);
     return 1;
   }
   return jaxlake::check::RunAll(argc, argv);
