@@ -190,3 +190,97 @@ def test_reservations_and_mappings_stay_bounded_on_eight_devices(
     # address space a device, and MAPPINGS_BOUND live mappings a device.
     assert vmm["reserved_peak"] <= 8 * RESERVE_BOUND * capacity, vmm
     assert vmm["mappings_peak"] <= 8 * MAPPINGS_BOUND, vmm
+
+
+# Work held on a stream of the fake: a stream of the program's own waits on
+# a host flag (cuStreamWaitValue32) until release() writes it. On that
+# stream the program allocates from the lake through the shim, as XLA does
+# (cuMemAllocFromPoolAsync): four 24 MiB blocks, the first and third freed,
+# then a 48 MiB block that the lake stitches from them. Behind the wait, a
+# memset of the stitched block, then its free and the other blocks' frees:
+# the lake holds only free memory whose last use is still queued.
+IN_FLIGHT = """
+import ctypes, threading
+U64 = ctypes.c_uint64
+drv = ctypes.CDLL("libcuda.so.1")        # the shim, over the fake
+def ck(r, what):
+    assert r == 0, f"{what}: error {r}"
+jnp.zeros(8).block_until_ready()          # XLA's client and its lake are up
+ctx = ctypes.c_void_p()
+ck(drv.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "context")
+ck(drv.cuCtxSetCurrent(ctx), "current")
+flag = ctypes.c_void_p()
+ck(drv.cuMemHostAlloc(ctypes.byref(flag), ctypes.c_size_t(4096), 0), "host")
+ctypes.c_uint32.from_address(flag.value).value = 0
+stream = ctypes.c_void_p()
+ck(drv.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+ck(drv.cuStreamWaitValue32(stream, U64(flag.value), ctypes.c_uint32(1), 0),
+   "hold")
+def release():
+    ctypes.c_uint32.from_address(flag.value).value = 1
+pool = ctypes.c_void_p()
+ck(drv.cuDeviceGetDefaultMemPool(ctypes.byref(pool), 0), "pool")
+def alloc(n):
+    p = U64()
+    ck(drv.cuMemAllocFromPoolAsync(ctypes.byref(p), ctypes.c_size_t(n), pool,
+                                   stream), "alloc")
+    return p
+def free(p):
+    ck(drv.cuMemFreeAsync(p, stream), "free")
+blocks = [alloc(24 << 20) for _ in range(4)]
+free(blocks[0]); free(blocks[2])
+stitched = alloc(48 << 20)
+ck(drv.cuMemsetD8Async(stitched, ctypes.c_ubyte(7), ctypes.c_size_t(48 << 20),
+                       stream), "memset")
+free(stitched); free(blocks[1]); free(blocks[3])
+s0 = jaxlake.stats(0)
+stitches = int(s0.alloc_stitch) + int(s0.alloc_stitch_reuse)
+"""
+
+IN_FLIGHT_CASES = {
+    # empty_cache while the work is held: the stitched range and the
+    # segments are free, but their last use is queued, so they stay; they
+    # go once the work ran.
+    "empty_cache": """
+released_held = jaxlake.empty_cache(0)
+release()
+sync = drv.cuStreamSynchronize(stream)
+released_after = jaxlake.empty_cache(0)
+same = True
+""",
+    # Pressure: XLA asks for 100 MiB on a 128 MiB lake that holds 96 MiB,
+    # all of it free behind the held work; the hold ends a second later,
+    # from another thread (a lake that waits for the work gets it then).
+    "pressure": """
+threading.Timer(1.0, release).start()
+data = np.arange(25 << 20, dtype=np.float32)
+big = jax.device_put(data); big.block_until_ready()
+sync = drv.cuStreamSynchronize(stream)
+same = bool(np.array_equal(np.asarray(big), data))  # after the memset ran
+released_held = 0
+del big
+released_after = jaxlake.empty_cache(0)
+""",
+}
+
+
+@pytest.mark.parametrize("case", sorted(IN_FLIGHT_CASES))
+def test_no_unmap_under_work_in_flight(case: str) -> None:
+    # vllm#45552: an allocator unmapped memory that running kernels still
+    # used; the work failed with CUDA_ERROR_ILLEGAL_ADDRESS. The fake faults
+    # an unmap of memory that queued work uses, as the device does.
+    proc = fake_run(PRELUDE + IN_FLIGHT + IN_FLIGHT_CASES[case] + """
+jaxlake.check(0)
+ramp = np.arange(1000, dtype=np.int32)    # the program goes on
+after = bool(np.array_equal(np.asarray(jax.device_put(ramp)), ramp))
+report(stitches=stitches, sync=sync, released_held=released_held,
+       released_after=released_after, after=after, same=same)
+""", env={"JAXLAKE_CAPACITY": "128MiB"})
+    out = result(proc)
+    assert "ILLEGAL_ADDRESS" not in proc.stderr, proc.stderr[-4000:]
+    assert out["stitches"] >= 1 and out["sync"] == 0, out
+    assert out["after"] and out["same"], out
+    if case == "empty_cache":
+        # empty_cache left the held memory, which goes once the work ran.
+        assert out["released_held"] == 0, out
+        assert out["released_after"] >= 96 << 20, out

@@ -322,3 +322,64 @@ def test_a_peer_copy_needs_an_access_grant_for_that_device() -> None:
     """, env={"JAXLAKE_FAKEGPU_COUNT": "2"}))
     assert out == {"ungranted": 700, "straddling": 700, "granted": 0,
                    "after_grant": 0, "same": True}
+
+
+# A stream held by a wait on a host flag (cuStreamWaitValue32, GEQ): work
+# enqueued after the wait stays in flight until `release()` writes the flag.
+HELD = """
+    flag = ctypes.c_void_p()
+    ck(lib.cuMemHostAlloc(ctypes.byref(flag), ctypes.c_size_t(4096), 0), "host")
+    ctypes.c_uint32.from_address(flag.value).value = 0
+    stream = ctypes.c_void_p()
+    ck(lib.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    ck(lib.cuStreamWaitValue32(stream, U64(flag.value), ctypes.c_uint32(1), 0),
+       "hold")
+    def release():
+        ctypes.c_uint32.from_address(flag.value).value = 1
+"""
+
+
+@pytest.mark.parametrize("unmap_first", [True, False],
+                         ids=["unmap_in_flight", "unmap_after_sync"])
+def test_unmapping_memory_that_queued_work_uses_faults(
+        unmap_first: bool) -> None:
+    # vllm#45552: an allocator unmapped memory that queued kernels still
+    # used, and the work failed with CUDA_ERROR_ILLEGAL_ADDRESS. cuMemUnmap
+    # does not wait for the GPU: a memset and a copy held on a stream, then
+    # the unmap of their memory, and the stream's synchronisation reports
+    # the fault (a sticky error: the context's later synchronisations too).
+    # Unmapped once the work ran, nothing faults.
+    proc = run_case(HELD + """
+    G = 2 * MiB
+    va = reserve(2 * G)
+    h = create(2 * G)
+    map_at(va, 2 * G, h)
+    ck(lib.cuMemsetD8Async(U64(va), ctypes.c_ubyte(7), ctypes.c_size_t(G),
+                           stream), "memset")
+    ck(lib.cuMemcpyDtoDAsync_v2(U64(va + G), U64(va), ctypes.c_size_t(G),
+                                stream), "copy")
+    query = lib.cuStreamQuery(stream)
+    if UNMAP_FIRST:
+        ck(lib.cuMemUnmap(U64(va), ctypes.c_size_t(2 * G)), "unmap")
+        release()
+        sync = lib.cuStreamSynchronize(stream)
+        bytes_ok = None
+    else:
+        release()
+        sync = lib.cuStreamSynchronize(stream)
+        bytes_ok = get(va + G, 4096) == bytes([7]) * 4096
+        ck(lib.cuMemUnmap(U64(va), ctypes.c_size_t(2 * G)), "unmap")
+    report(query=query, sync=sync, bytes_ok=bytes_ok,
+           ctx=lib.cuCtxSynchronize(), again=lib.cuStreamSynchronize(stream),
+           release=lib.cuMemRelease(U64(h)))
+    """.replace("UNMAP_FIRST", str(unmap_first)))
+    out = result(proc)
+    assert out["query"] == 600  # CUDA_ERROR_NOT_READY: the stream is held
+    assert out["release"] == 0
+    if unmap_first:
+        assert out["sync"] == out["ctx"] == out["again"] == 700, out
+        assert "CUDA_ERROR_ILLEGAL_ADDRESS" in proc.stderr, proc.stderr
+    else:
+        assert out == {"query": 600, "sync": 0, "bytes_ok": True, "ctx": 0,
+                       "again": 0, "release": 0}
+        assert "ILLEGAL_ADDRESS" not in proc.stderr, proc.stderr

@@ -117,6 +117,25 @@ inline int DeviceOfPool(CUmemoryPool pool) {
 bool FindMapping(cuda::CUdeviceptr p, cuda::CUdeviceptr* base,
                  Driver::Mapping* out);
 
+// Stream work in flight (memory.cc). `work`, enqueued on `s` by
+// EnqueueTouching, touches the device ranges `touches` (address, bytes)
+// when it runs. An unmap (cuMemUnmap) of memory that such work still has to
+// touch is a use after free on the GPU: the work faults instead of running
+// (WorkInFlight below), and the device's context takes the sticky error.
+using Touch = std::pair<cuda::CUdeviceptr, std::size_t>;
+void EnqueueTouching(Stream* s, std::vector<Touch> touches,
+                     std::function<void()> work);
+// Called by cuMemUnmap before [va, va+size) goes: every piece of work in
+// flight that touches the range faults (it will not run; work already
+// running on it is waited for, so that host memory is not pulled from under
+// it), the fault is named on stderr and its device's context takes
+// CUDA_ERROR_ILLEGAL_ADDRESS. Returns how many pieces of work faulted.
+std::size_t WorkInFlight(cuda::CUdeviceptr va, std::size_t size);
+// The context's sticky error, as the driver reports it from every later
+// synchronisation: CUDA_ERROR_ILLEGAL_ADDRESS once work of `device` (any
+// device when negative) faulted, else CUDA_SUCCESS.
+CUresult Sticky(int device);
+
 // CUDA_ERROR_NOT_INITIALIZED before cuInit.
 CUresult NeedInit();
 // As NeedInit, and CUDA_ERROR_INVALID_CONTEXT without a current context;
