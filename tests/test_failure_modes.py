@@ -284,3 +284,69 @@ report(stitches=stitches, sync=sync, released_held=released_held,
         # empty_cache left the held memory, which goes once the work ran.
         assert out["released_held"] == 0, out
         assert out["released_after"] >= 96 << 20, out
+
+
+def test_export_of_lake_memory() -> None:
+    # vllm#42609 (cudaIpcGetMemHandle fails on VMM memory) and
+    # pytorch#198305 (IPC handles regressed): what a consumer that shares
+    # or exports a lake buffer gets. The buffer is the stitched one.
+    proc = fake_run(PRELUDE + STITCHED + """
+drv = ctypes.CDLL("libcuda.so.1")        # the shim, as consumers find it
+ctx = ctypes.c_void_p()
+assert drv.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0) == 0
+assert drv.cuCtxSetCurrent(ctx) == 0
+# Legacy IPC: refused for VMM memory, as the driver refuses it; memory of
+# cuMemAlloc (not the lake's) gets a handle.
+ipc = (ctypes.c_char * 64)()
+ipc_lake = drv.cuIpcGetMemHandle(ipc, U64(ptr))
+plain = U64()
+assert drv.cuMemAlloc_v2(ctypes.byref(plain), ctypes.c_size_t(1 << 20)) == 0
+ipc_plain = drv.cuIpcGetMemHandle(ipc, plain)
+# The handle behind the buffer's last byte, exported as a file descriptor
+# (CU_MEM_HANDLE_TYPE_POSIX_FILE_DESCRIPTOR): the lake asks for no
+# shareable handle types, so the driver refuses it.
+handle = U64()
+retained = drv.cuMemRetainAllocationHandle(ctypes.byref(handle),
+                                           ctypes.c_void_p(ptr + nbytes - 1))
+fd = ctypes.c_int(-1)
+exported = drv.cuMemExportToShareableHandle(ctypes.byref(fd), handle, 1,
+                                            U64(0))
+released = drv.cuMemRelease(handle)
+# DLPack: the capsule's DLTensor points at the lake's buffer on the CUDA
+# device, and a consumer's range query of that pointer gets the whole
+# allocation. NumPy consumes host memory only.
+class DLTensor(ctypes.Structure):
+    _fields_ = [("data", ctypes.c_void_p), ("device_type", ctypes.c_int32),
+                ("device_id", ctypes.c_int32), ("ndim", ctypes.c_int32),
+                ("code", ctypes.c_uint8), ("bits", ctypes.c_uint8),
+                ("lanes", ctypes.c_uint16),
+                ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)),
+                ("byte_offset", ctypes.c_uint64)]
+capsule = big.__dlpack__()
+get = ctypes.pythonapi.PyCapsule_GetPointer
+get.restype = ctypes.c_void_p
+get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+t = DLTensor.from_address(get(capsule, b"dltensor"))
+dl = [t.data + t.byte_offset, t.device_type, t.device_id, t.shape[0]]
+del t, capsule
+try:
+    np.from_dlpack(big)
+    numpy_error = ""
+except Exception as e:
+    numpy_error = type(e).__name__ + ": " + str(e)
+report(ptr=ptr, nbytes=nbytes, stitches=stitches, ipc_lake=ipc_lake,
+       ipc_plain=ipc_plain, retained=retained, handle=handle.value,
+       exported=exported, released=released, dl=dl,
+       dl_range=address_range(drv, dl[0] + nbytes // 3),
+       numpy_error=numpy_error)
+""", env={"JAXLAKE_CAPACITY": "1GiB"})
+    out = result(proc)
+    ptr, nbytes = out["ptr"], out["nbytes"]
+    assert out["stitches"] >= 1
+    assert out["ipc_lake"] == 1 and out["ipc_plain"] == 0, out
+    assert out["retained"] == 0 and out["handle"] != 0, out
+    assert out["exported"] == 1 and out["released"] == 0, out
+    assert out["dl"] == [ptr, 2, 0, nbytes], out  # kDLCUDA, device 0
+    assert out["dl_range"] == [0, ptr, nbytes], out
+    assert "device" in out["numpy_error"], out

@@ -51,6 +51,8 @@ struct Driver {
   struct Handle {
     int device;
     std::size_t size;
+    int types = 0;    // the shareable handle types cuMemCreate asked for
+    int retains = 0;  // cuMemRetainAllocationHandle's, each released once
   };
   std::unordered_map<cuda::CUmemGenericAllocationHandle, Handle> handles;
   // The VMM mappings, one per successful cuMemMap, by address: the device
@@ -61,6 +63,8 @@ struct Driver {
     std::size_t size;
     int device;
     std::uint64_t access;
+    cuda::CUmemGenericAllocationHandle handle = 0;  // what is mapped
+    std::size_t offset = 0;                         // from where in it
   };
   std::map<cuda::CUdeviceptr, Mapping> mappings;
   struct Alloc {

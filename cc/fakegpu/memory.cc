@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <iterator>
 #include <mutex>
 #include <utility>
@@ -315,7 +316,7 @@ FAKE cuMemCreate(CUmemGenericAllocationHandle* handle, std::size_t size,
   }
   Driver& d = D();
   std::lock_guard<std::mutex> lock(d.mu);
-  d.handles[h] = Driver::Handle{dev, size};
+  d.handles[h] = Driver::Handle{dev, size, prop->requestedHandleTypes};
   *handle = h;
   return CUDA_SUCCESS;
 }
@@ -323,6 +324,17 @@ FAKE cuMemCreate(CUmemGenericAllocationHandle* handle, std::size_t size,
 FAKE cuMemRelease(CUmemGenericAllocationHandle handle) {
   ENTER();
   if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  {
+    // A handle retained (cuMemRetainAllocationHandle) is released once per
+    // retain before its creation's reference goes.
+    Driver& d = D();
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.handles.find(handle);
+    if (it != d.handles.end() && it->second.retains > 0) {
+      --it->second.retains;
+      return CUDA_SUCCESS;
+    }
+  }
   const auto s = fg::Host().release(handle);
   if (s != jaxlake::vmm::Status::kOk) return FromStatus(s);
   Driver& d = D();
@@ -345,8 +357,8 @@ FAKE cuMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset,
   Driver& d = D();
   std::lock_guard<std::mutex> lock(d.mu);
   auto it = d.handles.find(handle);
-  d.mappings[ptr] =
-      Driver::Mapping{size, it != d.handles.end() ? it->second.device : 0, 0};
+  d.mappings[ptr] = Driver::Mapping{
+      size, it != d.handles.end() ? it->second.device : 0, 0, handle, offset};
   fg::CountVmm(0, 1);
   return CUDA_SUCCESS;
 }
@@ -402,6 +414,70 @@ FAKE cuMemSetAccess(CUdeviceptr ptr, std::size_t size,
       }
     }
   }
+  return CUDA_SUCCESS;
+}
+
+// ---- sharing and export ------------------------------------------------------
+
+// The handle mapped at any address of a mapping, retained: each retain is
+// released by one more cuMemRelease.
+FAKE cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle,
+                                 void* addr) {
+  ENTER();
+  if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUdeviceptr base = 0;
+  Driver::Mapping m{};
+  if (!FindMapping(reinterpret_cast<CUdeviceptr>(addr), &base, &m))
+    return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.handles.find(m.handle);
+  if (it == d.handles.end()) return CUDA_ERROR_INVALID_VALUE;
+  ++it->second.retains;
+  *handle = m.handle;
+  return CUDA_SUCCESS;
+}
+
+// A handle exports only to a shareable handle type its cuMemCreate asked
+// for (CUmemAllocationProp::requestedHandleTypes); asked for none, it is
+// CUDA_ERROR_INVALID_VALUE. The fake shares no memory between processes,
+// so a type that was asked for is not supported.
+FAKE cuMemExportToShareableHandle(void* shareable,
+                                  CUmemGenericAllocationHandle handle,
+                                  int type, unsigned long long flags) {
+  ENTER();
+  if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  if (shareable == nullptr || flags != 0 || type == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  {
+    Driver& d = D();
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.handles.find(handle);
+    if (it == d.handles.end() || (it->second.types & type) == 0)
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  return fg::Unsupported("driver", "cuMemExportToShareableHandle",
+                         CUDA_ERROR_NOT_SUPPORTED);
+}
+
+// Legacy IPC covers cuMemAlloc memory only: VMM mappings and the
+// stream-ordered pool's memory are CUDA_ERROR_INVALID_VALUE. The fake
+// shares no memory between processes: cuMemAlloc memory answers a handle
+// that no other process can open.
+struct IpcMemHandle {  // CUipcMemHandle
+  char reserved[64];
+};
+FAKE cuIpcGetMemHandle(IpcMemHandle* handle, CUdeviceptr p) {
+  ENTER();
+  if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.allocs.find(p);
+  if (it == d.allocs.end() || it->second.pool) return CUDA_ERROR_INVALID_VALUE;
+  std::memset(handle->reserved, 0, sizeof(handle->reserved));
+  std::memcpy(handle->reserved, &p, sizeof(p));
   return CUDA_SUCCESS;
 }
 
@@ -886,5 +962,16 @@ FAKE cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* desc,
   return CUDA_SUCCESS;
 }
 
+
+// ---- figures for the tests --------------------------------------------------
+
+// Physical handles created and not yet released, and live VMM mappings.
+__attribute__((visibility("default"))) void jaxlake_fakegpu_vmm_live(
+    unsigned long long* handles, unsigned long long* mappings) {
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (handles != nullptr) *handles = d.handles.size();
+  if (mappings != nullptr) *mappings = d.mappings.size();
+}
 
 }  // extern "C"
