@@ -501,3 +501,75 @@ def test_a_fault_at_each_step_of_a_growth_and_a_stitch(
     assert out["end"] == [0, 0, 0], out
     assert out["segments"] == 0 and out["unreleased"] == 0, out
     assert out["end_check"] == "", out
+
+
+# A jitted loop whose carries swap each iteration: XLA runs it as a command
+# buffer (a CUDA graph of kernel and memcpy nodes), and points the
+# executable graph's nodes at each run's buffers (cuGraphExec*SetParams)
+# before launching it. Between runs, empty_cache or 60 MiB of other arrays
+# on a 256 MiB lake (pressure: the lake stitches and releases).
+GRAPH_LOOP = """
+import time
+N = 1 << 20
+def body(i, c):
+    a, b, w = c
+    return (b, a, jnp.tanh(w @ w))
+@jax.jit
+def run(a, b, w):
+    return jax.lax.fori_loop(0, 8, body, (a, b, w))
+a = jax.device_put(np.ones(N, np.float32))
+b = jax.device_put(np.full(N, 2, np.float32))
+w = jax.device_put(np.ones((512, 512), np.float32))
+hold = []
+emptied = 0
+for it in range(10):
+    a, b, w = run(a, b, w)
+    a.block_until_ready()
+    if it % 3 == 1:
+        hold = []
+        for _ in range(20):  # until the frees' stream work has run
+            got = jaxlake.empty_cache(0)
+            emptied += got
+            if got:
+                break
+            time.sleep(0.05)
+    if it % 3 == 2:
+        hold = [jax.device_put(np.zeros((it % 5 + 1) << 20, np.float32))
+                for _ in range(3)]
+jaxlake.check(0)
+s = jaxlake.stats(0)
+report(stitches=int(s.alloc_stitch) + int(s.alloc_stitch_reuse),
+       released=int(s.segments_released), emptied=emptied,
+       evictions=int(s.stitch_evictions),
+       pool=served("cuMemAllocFromPoolAsync"),
+       same=bool(np.all(np.asarray(a) == 1) and np.all(np.asarray(b) == 2)))
+"""
+
+
+def test_command_buffers_never_run_over_memory_the_lake_moved(
+        tmp_path: pathlib.Path) -> None:
+    # pytorch#128068 (unmapping broke a graph's replay) and pytorch#140419
+    # (capture failed under a VMM allocator). The fake faults a graph
+    # launch whose copies touch memory unmapped, or mapped to other
+    # memory, since the executable graph's parameters were set
+    # (tests/test_fake_gpu_memory.py shows it). Under the lake, XLA's
+    # command buffers launch 80 times with empty_cache and pressure between
+    # runs, and never do; nothing is allocated under capture (every buffer
+    # is the lake's, allocated before the launch) and the graphs have no
+    # memory nodes.
+    stats = tmp_path / "fake.json"
+    proc = fake_run(PRELUDE + GRAPH_LOOP,
+                    env={"JAXLAKE_CAPACITY": "256MiB",
+                         "JAXLAKE_FAKEGPU_STATS": str(stats)})
+    out = result(proc)
+    fake = json.loads(stats.read_text())
+    calls, nodes = fake["calls"], fake["graph_nodes"]
+    assert "ILLEGAL_ADDRESS" not in proc.stderr, proc.stderr[-4000:]
+    assert out["same"], out
+    assert calls.get("cuGraphLaunch", 0) >= 80, calls
+    assert nodes["memcpy"] >= 1 and nodes["kernel"] >= 1, nodes
+    # The graph's copies were re-pointed at new buffers between launches.
+    assert calls.get("cuGraphExecMemcpyNodeSetParams", 0) >= 1, calls
+    assert out["stitches"] >= 1 and out["emptied"] > 0, out
+    assert out["pool"]["captured"] == 0 and out["pool"]["forwarded"] == 0
+    assert nodes["mem_alloc"] == 0 and fake["graph_alloc_bytes"] == 0

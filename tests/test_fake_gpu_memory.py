@@ -383,3 +383,60 @@ def test_unmapping_memory_that_queued_work_uses_faults(
         assert out == {"query": 600, "sync": 0, "bytes_ok": True, "ctx": 0,
                        "again": 0, "release": 0}
         assert "ILLEGAL_ADDRESS" not in proc.stderr, proc.stderr
+
+
+
+
+@pytest.mark.parametrize("case", ["same", "unmapped", "remapped",
+                                  "updated"])
+def test_a_graph_launch_over_memory_unmapped_since_instantiation_faults(
+        case: str) -> None:
+    # pytorch#128068: memory unmapped under a captured graph broke its
+    # replay. An executable graph's copies and memsets keep the device
+    # ranges they touch; launched after their memory was unmapped, or
+    # mapped to other physical memory, since the graph was instantiated or
+    # its parameters were last set, the graph faults (the stream's sync
+    # reports CUDA_ERROR_ILLEGAL_ADDRESS). Setting the node's parameters
+    # again (as XLA updates its command buffers) makes the new memory the
+    # graph's.
+    out = result(run_case("""
+    class MemsetParams(ctypes.Structure):
+        _fields_ = [("dst", U64), ("pitch", ctypes.c_size_t),
+                    ("value", ctypes.c_uint), ("elementSize", ctypes.c_uint),
+                    ("width", ctypes.c_size_t), ("height", ctypes.c_size_t)]
+    G = 2 * MiB
+    va = reserve(G)
+    first = create(G)
+    map_at(va, G, first)
+    params = MemsetParams(dst=va, pitch=0, value=5, elementSize=1, width=G,
+                          height=1)
+    graph, node, exe = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+    ck(lib.cuGraphCreate(ctypes.byref(graph), 0), "graph")
+    ck(lib.cuGraphAddMemsetNode(ctypes.byref(node), graph, None,
+                                ctypes.c_size_t(0), ctypes.byref(params),
+                                _ctx), "memset node")
+    ck(lib.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, U64(0)),
+       "instantiate")
+    stream = ctypes.c_void_p()
+    ck(lib.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    ck(lib.cuGraphLaunch(exe, stream), "launch")
+    ck(lib.cuStreamSynchronize(stream), "sync")
+    ok_first = get(va, 16) == bytes([5]) * 16
+    if CASE != "same":
+        ck(lib.cuMemUnmap(U64(va), ctypes.c_size_t(G)), "unmap")
+    if CASE in ("remapped", "updated"):
+        map_at(va, G, create(G))
+    if CASE == "updated":
+        params.value = 6
+        ck(lib.cuGraphExecMemsetNodeSetParams(exe, node,
+                                              ctypes.byref(params), _ctx),
+           "update")
+    launch = lib.cuGraphLaunch(exe, stream)
+    sync = lib.cuStreamSynchronize(stream)
+    value = get(va, 1)[0] if sync == 0 and CASE != "unmapped" else None
+    report(ok_first=ok_first, launch=launch, sync=sync, value=value)
+    """.replace("CASE", repr(case))))
+    assert out["ok_first"] and out["launch"] == 0, out
+    want = {"same": (0, 5), "unmapped": (700, None), "remapped": (700, None),
+            "updated": (0, 6)}[case]
+    assert (out["sync"], out["value"]) == want, out

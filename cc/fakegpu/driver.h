@@ -135,6 +135,22 @@ void EnqueueTouching(Stream* s, std::vector<Touch> touches,
 // it), the fault is named on stderr and its device's context takes
 // CUDA_ERROR_ILLEGAL_ADDRESS. Returns how many pieces of work faulted.
 std::size_t WorkInFlight(cuda::CUdeviceptr va, std::size_t size);
+// The VMM mappings that [va, va+size) overlaps, each as (address, size,
+// handle, offset into the handle): what backs the range now (memory.cc).
+struct Backing {
+  cuda::CUdeviceptr base;
+  std::size_t size;
+  cuda::CUmemGenericAllocationHandle handle;
+  std::size_t offset;
+  bool operator==(const Backing& o) const {
+    return base == o.base && size == o.size && handle == o.handle &&
+           offset == o.offset;
+  }
+};
+std::vector<Backing> BackingOf(cuda::CUdeviceptr va, std::size_t size);
+// Gives `device`'s context the sticky CUDA_ERROR_ILLEGAL_ADDRESS (work of
+// it faulted).
+void Fault(int device);
 // The context's sticky error, as the driver reports it from every later
 // synchronisation: CUDA_ERROR_ILLEGAL_ADDRESS once work of `device` (any
 // device when negative) faulted, else CUDA_SUCCESS.

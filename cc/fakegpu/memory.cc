@@ -230,6 +230,26 @@ std::size_t WorkInFlight(CUdeviceptr va, std::size_t size) {
   return faults;
 }
 
+void Fault(int device) {
+  if (device >= 0 && device < 64)
+    F().faulted_devices.fetch_or(std::uint64_t{1} << device);
+}
+
+std::vector<Backing> BackingOf(CUdeviceptr va, std::size_t size) {
+  std::vector<Backing> out;
+  if (size == 0) return out;
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.mappings.upper_bound(va);
+  if (it != d.mappings.begin()) --it;
+  for (; it != d.mappings.end() && it->first < va + size; ++it) {
+    if (it->first + it->second.size <= va) continue;
+    out.push_back(Backing{it->first, it->second.size, it->second.handle,
+                          it->second.offset});
+  }
+  return out;
+}
+
 CUresult Sticky(int device) {
   const std::uint64_t bits = F().faulted_devices.load();
   if (device < 0) return bits != 0 ? kIllegalAddress : CUDA_SUCCESS;
