@@ -328,7 +328,8 @@ def test_a_peer_copy_needs_an_access_grant_for_that_device() -> None:
 # enqueued after the wait stays in flight until `release()` writes the flag.
 HELD = """
     flag = ctypes.c_void_p()
-    ck(lib.cuMemHostAlloc(ctypes.byref(flag), ctypes.c_size_t(4096), 0), "host")
+    ck(lib.cuMemHostAlloc(ctypes.byref(flag), ctypes.c_size_t(4096), 0),
+       "host")
     ctypes.c_uint32.from_address(flag.value).value = 0
     stream = ctypes.c_void_p()
     ck(lib.cuStreamCreate(ctypes.byref(stream), 0), "stream")
@@ -383,8 +384,6 @@ def test_unmapping_memory_that_queued_work_uses_faults(
         assert out == {"query": 600, "sync": 0, "bytes_ok": True, "ctx": 0,
                        "again": 0, "release": 0}
         assert "ILLEGAL_ADDRESS" not in proc.stderr, proc.stderr
-
-
 
 
 @pytest.mark.parametrize("case", ["same", "unmapped", "remapped",

@@ -437,7 +437,7 @@ FAKE cuMemSetAccess(CUdeviceptr ptr, std::size_t size,
   return CUDA_SUCCESS;
 }
 
-// ---- sharing and export ------------------------------------------------------
+// ---- sharing and export -----------------------------------------------------
 
 // The handle mapped at any address of a mapping, retained: each retain is
 // released by one more cuMemRelease.
