@@ -322,3 +322,120 @@ def test_a_peer_copy_needs_an_access_grant_for_that_device() -> None:
     """, env={"JAXLAKE_FAKEGPU_COUNT": "2"}))
     assert out == {"ungranted": 700, "straddling": 700, "granted": 0,
                    "after_grant": 0, "same": True}
+
+
+# A stream held by a wait on a host flag (cuStreamWaitValue32, GEQ): work
+# enqueued after the wait stays in flight until `release()` writes the flag.
+HELD = """
+    flag = ctypes.c_void_p()
+    ck(lib.cuMemHostAlloc(ctypes.byref(flag), ctypes.c_size_t(4096), 0),
+       "host")
+    ctypes.c_uint32.from_address(flag.value).value = 0
+    stream = ctypes.c_void_p()
+    ck(lib.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    ck(lib.cuStreamWaitValue32(stream, U64(flag.value), ctypes.c_uint32(1), 0),
+       "hold")
+    def release():
+        ctypes.c_uint32.from_address(flag.value).value = 1
+"""
+
+
+@pytest.mark.parametrize("unmap_first", [True, False],
+                         ids=["unmap_in_flight", "unmap_after_sync"])
+def test_unmapping_memory_that_queued_work_uses_faults(
+        unmap_first: bool) -> None:
+    # vllm#45552: an allocator unmapped memory that queued kernels still
+    # used, and the work failed with CUDA_ERROR_ILLEGAL_ADDRESS. cuMemUnmap
+    # does not wait for the GPU: a memset and a copy held on a stream, then
+    # the unmap of their memory, and the stream's synchronisation reports
+    # the fault (a sticky error: the context's later synchronisations too).
+    # Unmapped once the work ran, nothing faults.
+    proc = run_case(HELD + """
+    G = 2 * MiB
+    va = reserve(2 * G)
+    h = create(2 * G)
+    map_at(va, 2 * G, h)
+    ck(lib.cuMemsetD8Async(U64(va), ctypes.c_ubyte(7), ctypes.c_size_t(G),
+                           stream), "memset")
+    ck(lib.cuMemcpyDtoDAsync_v2(U64(va + G), U64(va), ctypes.c_size_t(G),
+                                stream), "copy")
+    query = lib.cuStreamQuery(stream)
+    if UNMAP_FIRST:
+        ck(lib.cuMemUnmap(U64(va), ctypes.c_size_t(2 * G)), "unmap")
+        release()
+        sync = lib.cuStreamSynchronize(stream)
+        bytes_ok = None
+    else:
+        release()
+        sync = lib.cuStreamSynchronize(stream)
+        bytes_ok = get(va + G, 4096) == bytes([7]) * 4096
+        ck(lib.cuMemUnmap(U64(va), ctypes.c_size_t(2 * G)), "unmap")
+    report(query=query, sync=sync, bytes_ok=bytes_ok,
+           ctx=lib.cuCtxSynchronize(), again=lib.cuStreamSynchronize(stream),
+           release=lib.cuMemRelease(U64(h)))
+    """.replace("UNMAP_FIRST", str(unmap_first)))
+    out = result(proc)
+    assert out["query"] == 600  # CUDA_ERROR_NOT_READY: the stream is held
+    assert out["release"] == 0
+    if unmap_first:
+        assert out["sync"] == out["ctx"] == out["again"] == 700, out
+        assert "CUDA_ERROR_ILLEGAL_ADDRESS" in proc.stderr, proc.stderr
+    else:
+        assert out == {"query": 600, "sync": 0, "bytes_ok": True, "ctx": 0,
+                       "again": 0, "release": 0}
+        assert "ILLEGAL_ADDRESS" not in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize("case", ["same", "unmapped", "remapped",
+                                  "updated"])
+def test_a_graph_launch_over_memory_unmapped_since_instantiation_faults(
+        case: str) -> None:
+    # pytorch#128068: memory unmapped under a captured graph broke its
+    # replay. An executable graph's copies and memsets keep the device
+    # ranges they touch; launched after their memory was unmapped, or
+    # mapped to other physical memory, since the graph was instantiated or
+    # its parameters were last set, the graph faults (the stream's sync
+    # reports CUDA_ERROR_ILLEGAL_ADDRESS). Setting the node's parameters
+    # again (as XLA updates its command buffers) makes the new memory the
+    # graph's.
+    out = result(run_case("""
+    class MemsetParams(ctypes.Structure):
+        _fields_ = [("dst", U64), ("pitch", ctypes.c_size_t),
+                    ("value", ctypes.c_uint), ("elementSize", ctypes.c_uint),
+                    ("width", ctypes.c_size_t), ("height", ctypes.c_size_t)]
+    G = 2 * MiB
+    va = reserve(G)
+    first = create(G)
+    map_at(va, G, first)
+    params = MemsetParams(dst=va, pitch=0, value=5, elementSize=1, width=G,
+                          height=1)
+    graph, node, exe = ctypes.c_void_p(), ctypes.c_void_p(), ctypes.c_void_p()
+    ck(lib.cuGraphCreate(ctypes.byref(graph), 0), "graph")
+    ck(lib.cuGraphAddMemsetNode(ctypes.byref(node), graph, None,
+                                ctypes.c_size_t(0), ctypes.byref(params),
+                                _ctx), "memset node")
+    ck(lib.cuGraphInstantiateWithFlags(ctypes.byref(exe), graph, U64(0)),
+       "instantiate")
+    stream = ctypes.c_void_p()
+    ck(lib.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+    ck(lib.cuGraphLaunch(exe, stream), "launch")
+    ck(lib.cuStreamSynchronize(stream), "sync")
+    ok_first = get(va, 16) == bytes([5]) * 16
+    if CASE != "same":
+        ck(lib.cuMemUnmap(U64(va), ctypes.c_size_t(G)), "unmap")
+    if CASE in ("remapped", "updated"):
+        map_at(va, G, create(G))
+    if CASE == "updated":
+        params.value = 6
+        ck(lib.cuGraphExecMemsetNodeSetParams(exe, node,
+                                              ctypes.byref(params), _ctx),
+           "update")
+    launch = lib.cuGraphLaunch(exe, stream)
+    sync = lib.cuStreamSynchronize(stream)
+    value = get(va, 1)[0] if sync == 0 and CASE != "unmapped" else None
+    report(ok_first=ok_first, launch=launch, sync=sync, value=value)
+    """.replace("CASE", repr(case))))
+    assert out["ok_first"] and out["launch"] == 0, out
+    want = {"same": (0, 5), "unmapped": (700, None), "remapped": (700, None),
+            "updated": (0, 6)}[case]
+    assert (out["sync"], out["value"]) == want, out

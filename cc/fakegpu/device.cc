@@ -363,7 +363,7 @@ FAKE cuCtxSynchronize() {
   if (CUresult r = NeedContext(&dev); r != CUDA_SUCCESS) return r;
   if (CUresult r = CheckUnsafe(); r != CUDA_SUCCESS) return r;
   for (fg::Stream* s : fg::StreamsOf(dev)) s->Synchronize();
-  return CUDA_SUCCESS;
+  return Sticky(dev);
 }
 
 FAKE cuCtxGetStreamPriorityRange(int* least, int* greatest) {

@@ -51,6 +51,8 @@ struct Driver {
   struct Handle {
     int device;
     std::size_t size;
+    int types = 0;    // the shareable handle types cuMemCreate asked for
+    int retains = 0;  // cuMemRetainAllocationHandle's, each released once
   };
   std::unordered_map<cuda::CUmemGenericAllocationHandle, Handle> handles;
   // The VMM mappings, one per successful cuMemMap, by address: the device
@@ -61,6 +63,8 @@ struct Driver {
     std::size_t size;
     int device;
     std::uint64_t access;
+    cuda::CUmemGenericAllocationHandle handle = 0;  // what is mapped
+    std::size_t offset = 0;                         // from where in it
   };
   std::map<cuda::CUdeviceptr, Mapping> mappings;
   struct Alloc {
@@ -119,6 +123,41 @@ inline int DeviceOfPool(CUmemoryPool pool) {
 // mapping; else *base, *out are that mapping.
 bool FindMapping(cuda::CUdeviceptr p, cuda::CUdeviceptr* base,
                  Driver::Mapping* out);
+
+// Stream work in flight (memory.cc). `work`, enqueued on `s` by
+// EnqueueTouching, touches the device ranges `touches` (address, bytes)
+// when it runs. An unmap (cuMemUnmap) of memory that such work still has to
+// touch is a use after free on the GPU: the work faults instead of running
+// (WorkInFlight below), and the device's context takes the sticky error.
+using Touch = std::pair<cuda::CUdeviceptr, std::size_t>;
+void EnqueueTouching(Stream* s, std::vector<Touch> touches,
+                     std::function<void()> work);
+// Called by cuMemUnmap before [va, va+size) goes: every piece of work in
+// flight that touches the range faults (it will not run; work already
+// running on it is waited for, so that host memory is not pulled from under
+// it), the fault is named on stderr and its device's context takes
+// CUDA_ERROR_ILLEGAL_ADDRESS. Returns how many pieces of work faulted.
+std::size_t WorkInFlight(cuda::CUdeviceptr va, std::size_t size);
+// The VMM mappings that [va, va+size) overlaps, each as (address, size,
+// handle, offset into the handle): what backs the range now (memory.cc).
+struct Backing {
+  cuda::CUdeviceptr base;
+  std::size_t size;
+  cuda::CUmemGenericAllocationHandle handle;
+  std::size_t offset;
+  bool operator==(const Backing& o) const {
+    return base == o.base && size == o.size && handle == o.handle &&
+           offset == o.offset;
+  }
+};
+std::vector<Backing> BackingOf(cuda::CUdeviceptr va, std::size_t size);
+// Gives `device`'s context the sticky CUDA_ERROR_ILLEGAL_ADDRESS (work of
+// it faulted).
+void Fault(int device);
+// The context's sticky error, as the driver reports it from every later
+// synchronisation: CUDA_ERROR_ILLEGAL_ADDRESS once work of `device` (any
+// device when negative) faulted, else CUDA_SUCCESS.
+CUresult Sticky(int device);
 
 // CUDA_ERROR_NOT_INITIALIZED before cuInit.
 CUresult NeedInit();

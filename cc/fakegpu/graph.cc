@@ -180,6 +180,9 @@ struct Node {
   std::vector<std::unique_ptr<Graph>> bodies;
   std::function<void()> work;          // kBatchMemOp (captured)
   const Node* origin = nullptr;        // in an executable: the graph's node
+  // In an executable, a copy's or memset's device ranges and the VMM
+  // mappings that backed them when its parameters were set (Remember).
+  std::vector<std::pair<Touch, std::vector<Backing>>> backing;
 };
 
 struct Graph {
@@ -421,6 +424,76 @@ void SetRegion(const MemsetParams& p) {
   }
 }
 
+// The device ranges a copy or memset node writes or reads (kernels'
+// arguments are not known to the fake: none). Host memory is left out.
+std::vector<Touch> TouchesOf(const Node& n) {
+  std::vector<Touch> out;
+  if (n.type == kMemcpy) {
+    const Memcpy3D& p = n.copy;
+    const std::size_t h = std::max<std::size_t>(p.Height, 1);
+    const std::size_t d = std::max<std::size_t>(p.Depth, 1);
+    auto span = [&](CUdeviceptr base, std::size_t x, std::size_t y,
+                    std::size_t z, std::size_t pitch, std::size_t height) {
+      const std::size_t rows = height != 0 ? height : h;
+      const std::size_t first = x + (z * rows + y) * pitch;
+      const std::size_t last =
+          h == 1 && d == 1
+              ? x + p.WidthInBytes
+              : x + ((z + d - 1) * rows + y + h - 1) * pitch + p.WidthInBytes;
+      out.emplace_back(base + first, last - first);
+    };
+    if (p.srcMemoryType != 1)
+      span(p.srcDevice, p.srcXInBytes, p.srcY, p.srcZ, p.srcPitch,
+           p.srcHeight);
+    if (p.dstMemoryType != 1)
+      span(p.dstDevice, p.dstXInBytes, p.dstY, p.dstZ, p.dstPitch,
+           p.dstHeight);
+  } else if (n.type == kMemset) {
+    const MemsetParams& p = n.memset;
+    const std::size_t rows = std::max<std::size_t>(p.height, 1);
+    out.emplace_back(p.dst,
+                     (rows - 1) * p.pitch + p.width * p.elementSize);
+  }
+  return out;
+}
+
+// Records what backs each copy and memset node of an executable graph
+// now: called when the executable is made and when its parameters change.
+void Remember(Node& n) {
+  n.backing.clear();
+  for (const Touch& t : TouchesOf(n))
+    n.backing.emplace_back(t, BackingOf(t.first, t.second));
+}
+void Remember(Graph& g) {
+  for (auto& n : g.nodes) {
+    Remember(*n);
+    if (n->child) Remember(*n->child);
+    for (auto& b : n->bodies) Remember(*b);
+  }
+}
+
+// A launch of an executable graph whose copy or memset touches memory that
+// was unmapped, or mapped to other memory, since its parameters were set:
+// the device faults on it. Returns false (and names it) then.
+bool StillBacked(const Graph& g) {
+  for (const auto& n : g.nodes) {
+    for (const auto& [t, was] : n->backing) {
+      if (BackingOf(t.first, t.second) == was) continue;
+      std::fprintf(stderr,
+                   "jaxlake fake GPU: a graph launch touches [%#llx, +%zu), "
+                   "unmapped or mapped to other memory since the "
+                   "executable graph's parameters were set: "
+                   "CUDA_ERROR_ILLEGAL_ADDRESS\n",
+                   static_cast<unsigned long long>(t.first), t.second);
+      return false;
+    }
+    if (n->child && !StillBacked(*n->child)) return false;
+    for (const auto& b : n->bodies)
+      if (!StillBacked(*b)) return false;
+  }
+  return true;
+}
+
 void Launched(std::uint64_t n) {
   Driver& d = D();
   std::lock_guard<std::mutex> lock(d.mu);
@@ -489,12 +562,12 @@ void EnqueueGraph(const Graph& g, fg::Stream* s) {
         break;
       case kMemcpy: {
         const Memcpy3D p = n->copy;
-        s->Enqueue([p] { CopyRegion(p); });
+        EnqueueTouching(s, TouchesOf(*n), [p] { CopyRegion(p); });
         break;
       }
       case kMemset: {
         const MemsetParams p = n->memset;
-        s->Enqueue([p] { SetRegion(p); });
+        EnqueueTouching(s, TouchesOf(*n), [p] { SetRegion(p); });
         break;
       }
       case kHost: {
@@ -956,6 +1029,7 @@ CUresult Instantiate(void** exec, void* graph, cuuint64_t flags) {
   e->flags = flags;
   e->graph = Clone(*g, &e->by_origin, true);
   CollectAllocations(*e->graph, &e->allocations);
+  Remember(*e->graph);
   *exec = e.get();
   s.execs.insert(e.release());
   return CUDA_SUCCESS;
@@ -976,6 +1050,10 @@ CUresult Launch(void* exec, CUstream stream) {
     return CUDA_SUCCESS;
   }
   CUresult r = CUDA_SUCCESS;
+  if (!StillBacked(*e->graph)) {  // it faults: nothing of it runs
+    Fault(s->device());
+    return CUDA_SUCCESS;
+  }
   if (!Allocate(e->allocations, (e->flags & 1) != 0, &r)) return r;
   EnqueueGraph(*e->graph, s);
   return CUDA_SUCCESS;
@@ -1950,6 +2028,7 @@ FAKE cuGraphExecUpdate_v2(void* exec, void* graph, UpdateResultInfo* info) {
     return CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE;
   TakeParams(*e->graph, *p);
   MapOrigins(e, *e->graph, *p);
+  Remember(*e->graph);
   return CUDA_SUCCESS;
 }
 // The first version: (exec, graph, error node, result).
@@ -1975,7 +2054,12 @@ CUresult ExecSet(void* exec, void* node, int type, F set) {
   Node* n = ExecNode(e, node);
   if (n == nullptr || (type >= 0 && n->type != type))
     return CUDA_ERROR_INVALID_VALUE;
-  return set(n);
+  const CUresult r = set(n);
+  if (r == CUDA_SUCCESS) {
+    Remember(*n);
+    if (n->child) Remember(*n->child);
+  }
+  return r;
 }
 }  // namespace
 

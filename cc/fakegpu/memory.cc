@@ -3,10 +3,15 @@
 // copies and memsets in stream order, and the driver's own stream-ordered
 // pool.
 #include <algorithm>
+#include <atomic>
+#include <condition_variable>
 #include <cstdint>
 #include <cstdio>
+#include <cstring>
 #include <iterator>
 #include <mutex>
+#include <utility>
+#include <vector>
 
 #include "cc/fakegpu/driver.h"
 #include "cc/fakegpu/fakegpu.h"
@@ -87,9 +92,13 @@ CUresult Copy(void* dst, const void* src, std::size_t n, CUstream stream) {
     return r;
   if (CUresult r = 0; CaptureCopy(stream, dst, src, n, &r)) return r;
   if (Pinned(dst) && Pinned(src)) {
-    s->Enqueue([dst, src, n] { fg::Move(dst, src, n); });
+    EnqueueTouching(s,
+                    {{reinterpret_cast<CUdeviceptr>(dst), n},
+                     {reinterpret_cast<CUdeviceptr>(src), n}},
+                    [dst, src, n] { fg::Move(dst, src, n); });
   } else {
     s->Synchronize();
+    if (CUresult r = Sticky(s->device()); r != CUDA_SUCCESS) return r;
     fg::Move(dst, src, n);
   }
   return CUDA_SUCCESS;
@@ -102,6 +111,7 @@ CUresult CopySync(void* dst, const void* src, std::size_t n) {
   if (CUresult r = CheckUnsafe(); r != CUDA_SUCCESS) return r;
   if (CUresult r = CheckPeers(dev, dst, src, n); r != CUDA_SUCCESS) return r;
   for (fg::Stream* s : fg::StreamsOf(dev)) s->Synchronize();
+  if (CUresult r = Sticky(dev); r != CUDA_SUCCESS) return r;
   if (n != 0) fg::Move(dst, src, n);
   return CUDA_SUCCESS;
 }
@@ -118,16 +128,135 @@ CUresult Memset(CUdeviceptr dst, T value, std::size_t count, CUstream stream,
                                            count, &r)) {
     return r;
   }
-  s->Enqueue([dst, value, count] {
+  EnqueueTouching(s, {{dst, count * sizeof(T)}}, [dst, value, count] {
     fg::Fill<T>(reinterpret_cast<void*>(dst), value, count);
   });
-  if (sync) s->Synchronize();
+  if (sync) {
+    s->Synchronize();
+    return Sticky(s->device());
+  }
   return CUDA_SUCCESS;
 }
 
 }  // namespace
 
 namespace jaxlake::fakegpu::driver {
+
+namespace {
+// The work in flight that touches device ranges, by ticket, and the
+// devices whose work faulted. Never destroyed: stream threads may run work
+// while the process exits.
+struct InFlight {
+  struct Work {
+    int device;
+    std::vector<Touch> touches;
+    bool running = false;
+    bool faulted = false;
+  };
+  std::mutex mu;
+  std::condition_variable done;
+  std::map<std::uint64_t, Work> work;
+  std::uint64_t next = 1;
+  std::atomic<std::uint64_t> faulted_devices{0};  // a bit per ordinal
+};
+InFlight& F() {
+  static InFlight* const f = new InFlight();
+  return *f;
+}
+bool Overlaps(const Touch& t, CUdeviceptr va, std::size_t size) {
+  return t.second != 0 && t.first < va + size && va < t.first + t.second;
+}
+}  // namespace
+
+void EnqueueTouching(fg::Stream* s, std::vector<Touch> touches,
+                     std::function<void()> work) {
+  InFlight& f = F();
+  std::uint64_t ticket = 0;
+  {
+    std::lock_guard<std::mutex> lock(f.mu);
+    ticket = f.next++;
+    f.work[ticket] = InFlight::Work{s->device(), std::move(touches)};
+  }
+  s->Enqueue([ticket, work = std::move(work)] {
+    InFlight& g = F();
+    {
+      std::lock_guard<std::mutex> lock(g.mu);
+      auto it = g.work.find(ticket);
+      if (it->second.faulted) {  // its memory was unmapped: it faults
+        g.work.erase(it);
+        g.done.notify_all();
+        return;
+      }
+      it->second.running = true;
+    }
+    work();
+    std::lock_guard<std::mutex> lock(g.mu);
+    g.work.erase(ticket);
+    g.done.notify_all();
+  });
+}
+
+std::size_t WorkInFlight(CUdeviceptr va, std::size_t size) {
+  InFlight& f = F();
+  std::unique_lock<std::mutex> lock(f.mu);
+  std::size_t faults = 0;
+  for (auto& [ticket, w] : f.work) {
+    if (w.faulted) continue;
+    for (const Touch& t : w.touches) {
+      if (!Overlaps(t, va, size)) continue;
+      if (faults++ == 0)
+        std::fprintf(stderr,
+                     "jaxlake fake GPU: cuMemUnmap of [%#llx, +%zu) while "
+                     "work enqueued on a stream of device %d still uses "
+                     "[%#llx, +%zu): the work faults, "
+                     "CUDA_ERROR_ILLEGAL_ADDRESS\n",
+                     static_cast<unsigned long long>(va), size, w.device,
+                     static_cast<unsigned long long>(t.first), t.second);
+      w.faulted = true;
+      if (w.device >= 0 && w.device < 64)
+        f.faulted_devices.fetch_or(std::uint64_t{1} << w.device);
+      break;
+    }
+  }
+  // Work that was already running on the range finishes first.
+  f.done.wait(lock, [&] {
+    for (const auto& [ticket, w] : f.work) {
+      if (!w.running) continue;
+      for (const Touch& t : w.touches)
+        if (Overlaps(t, va, size)) return false;
+    }
+    return true;
+  });
+  return faults;
+}
+
+void Fault(int device) {
+  if (device >= 0 && device < 64)
+    F().faulted_devices.fetch_or(std::uint64_t{1} << device);
+}
+
+std::vector<Backing> BackingOf(CUdeviceptr va, std::size_t size) {
+  std::vector<Backing> out;
+  if (size == 0) return out;
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.mappings.upper_bound(va);
+  if (it != d.mappings.begin()) --it;
+  for (; it != d.mappings.end() && it->first < va + size; ++it) {
+    if (it->first + it->second.size <= va) continue;
+    out.push_back(Backing{it->first, it->second.size, it->second.handle,
+                          it->second.offset});
+  }
+  return out;
+}
+
+CUresult Sticky(int device) {
+  const std::uint64_t bits = F().faulted_devices.load();
+  if (device < 0) return bits != 0 ? kIllegalAddress : CUDA_SUCCESS;
+  if (device >= 64) return CUDA_SUCCESS;
+  return (bits >> device) & 1 ? kIllegalAddress : CUDA_SUCCESS;
+}
+
 bool FindMapping(CUdeviceptr p, CUdeviceptr* base, Driver::Mapping* out) {
   Driver& d = D();
   std::lock_guard<std::mutex> lock(d.mu);
@@ -207,7 +336,7 @@ FAKE cuMemCreate(CUmemGenericAllocationHandle* handle, std::size_t size,
   }
   Driver& d = D();
   std::lock_guard<std::mutex> lock(d.mu);
-  d.handles[h] = Driver::Handle{dev, size};
+  d.handles[h] = Driver::Handle{dev, size, prop->requestedHandleTypes};
   *handle = h;
   return CUDA_SUCCESS;
 }
@@ -215,6 +344,17 @@ FAKE cuMemCreate(CUmemGenericAllocationHandle* handle, std::size_t size,
 FAKE cuMemRelease(CUmemGenericAllocationHandle handle) {
   ENTER();
   if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  {
+    // A handle retained (cuMemRetainAllocationHandle) is released once per
+    // retain before its creation's reference goes.
+    Driver& d = D();
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.handles.find(handle);
+    if (it != d.handles.end() && it->second.retains > 0) {
+      --it->second.retains;
+      return CUDA_SUCCESS;
+    }
+  }
   const auto s = fg::Host().release(handle);
   if (s != jaxlake::vmm::Status::kOk) return FromStatus(s);
   Driver& d = D();
@@ -237,8 +377,8 @@ FAKE cuMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset,
   Driver& d = D();
   std::lock_guard<std::mutex> lock(d.mu);
   auto it = d.handles.find(handle);
-  d.mappings[ptr] =
-      Driver::Mapping{size, it != d.handles.end() ? it->second.device : 0, 0};
+  d.mappings[ptr] = Driver::Mapping{
+      size, it != d.handles.end() ? it->second.device : 0, 0, handle, offset};
   fg::CountVmm(0, 1);
   return CUDA_SUCCESS;
 }
@@ -246,6 +386,15 @@ FAKE cuMemMap(CUdeviceptr ptr, std::size_t size, std::size_t offset,
 FAKE cuMemUnmap(CUdeviceptr ptr, std::size_t size) {
   ENTER();
   if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  {
+    // The unmap does not wait for the GPU: stream work still to touch the
+    // memory faults (checked only for an unmap that starts at a mapping).
+    Driver& d = D();
+    std::unique_lock<std::mutex> lock(d.mu);
+    const bool mapped = d.mappings.count(ptr) != 0;
+    lock.unlock();
+    if (mapped) WorkInFlight(ptr, size);
+  }
   const CUresult r = FromStatus(fg::Host().unmap(ptr, size));
   if (r != CUDA_SUCCESS) return r;
   Driver& d = D();
@@ -285,6 +434,70 @@ FAKE cuMemSetAccess(CUdeviceptr ptr, std::size_t size,
       }
     }
   }
+  return CUDA_SUCCESS;
+}
+
+// ---- sharing and export -----------------------------------------------------
+
+// The handle mapped at any address of a mapping, retained: each retain is
+// released by one more cuMemRelease.
+FAKE cuMemRetainAllocationHandle(CUmemGenericAllocationHandle* handle,
+                                 void* addr) {
+  ENTER();
+  if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  CUdeviceptr base = 0;
+  Driver::Mapping m{};
+  if (!FindMapping(reinterpret_cast<CUdeviceptr>(addr), &base, &m))
+    return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.handles.find(m.handle);
+  if (it == d.handles.end()) return CUDA_ERROR_INVALID_VALUE;
+  ++it->second.retains;
+  *handle = m.handle;
+  return CUDA_SUCCESS;
+}
+
+// A handle exports only to a shareable handle type its cuMemCreate asked
+// for (CUmemAllocationProp::requestedHandleTypes); asked for none, it is
+// CUDA_ERROR_INVALID_VALUE. The fake shares no memory between processes,
+// so a type that was asked for is not supported.
+FAKE cuMemExportToShareableHandle(void* shareable,
+                                  CUmemGenericAllocationHandle handle,
+                                  int type, unsigned long long flags) {
+  ENTER();
+  if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  if (shareable == nullptr || flags != 0 || type == 0)
+    return CUDA_ERROR_INVALID_VALUE;
+  {
+    Driver& d = D();
+    std::lock_guard<std::mutex> lock(d.mu);
+    auto it = d.handles.find(handle);
+    if (it == d.handles.end() || (it->second.types & type) == 0)
+      return CUDA_ERROR_INVALID_VALUE;
+  }
+  return fg::Unsupported("driver", "cuMemExportToShareableHandle",
+                         CUDA_ERROR_NOT_SUPPORTED);
+}
+
+// Legacy IPC covers cuMemAlloc memory only: VMM mappings and the
+// stream-ordered pool's memory are CUDA_ERROR_INVALID_VALUE. The fake
+// shares no memory between processes: cuMemAlloc memory answers a handle
+// that no other process can open.
+struct IpcMemHandle {  // CUipcMemHandle
+  char reserved[64];
+};
+FAKE cuIpcGetMemHandle(IpcMemHandle* handle, CUdeviceptr p) {
+  ENTER();
+  if (CUresult r = NeedInit(); r != CUDA_SUCCESS) return r;
+  if (handle == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  auto it = d.allocs.find(p);
+  if (it == d.allocs.end() || it->second.pool) return CUDA_ERROR_INVALID_VALUE;
+  std::memset(handle->reserved, 0, sizeof(handle->reserved));
+  std::memcpy(handle->reserved, &p, sizeof(p));
   return CUDA_SUCCESS;
 }
 
@@ -769,5 +982,16 @@ FAKE cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* desc,
   return CUDA_SUCCESS;
 }
 
+
+// ---- figures for the tests --------------------------------------------------
+
+// Physical handles created and not yet released, and live VMM mappings.
+__attribute__((visibility("default"))) void jaxlake_fakegpu_vmm_live(
+    unsigned long long* handles, unsigned long long* mappings) {
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  if (handles != nullptr) *handles = d.handles.size();
+  if (mappings != nullptr) *mappings = d.mappings.size();
+}
 
 }  // extern "C"

@@ -138,6 +138,9 @@ struct Counters {
   // VMM address space reserved and live mappings, now and at their peak.
   std::int64_t vmm_reserved = 0, vmm_reserved_peak = 0;
   std::int64_t vmm_mappings = 0, vmm_mappings_peak = 0;
+  // Faults armed while the program runs (jaxlake_fakegpu_fail_call): by
+  // entry point, the call numbers that fail and their codes.
+  std::map<std::string, std::map<std::uint64_t, int>> armed;
 };
 Counters& C() {
   static Counters* const c = new Counters();  // lives as long as the process
@@ -262,14 +265,29 @@ std::uint64_t CaptureRefusals() {
 bool Enter(const char* name, int* code) {
   Counters& c = C();
   std::uint64_t n = 0;
+  int armed = 0;
   {
     std::lock_guard<std::mutex> lock(c.mu);
     n = ++c.calls[name];
+    if (!c.armed.empty()) {
+      auto a = c.armed.find(name);
+      if (a != c.armed.end()) {
+        auto call = a->second.find(n);
+        if (call != a->second.end()) {
+          armed = call->second;
+          a->second.erase(call);
+          if (a->second.empty()) c.armed.erase(a);
+        }
+      }
+    }
   }
   const Options& o = Opts();
-  if (o.faults.empty()) return false;
-  auto it = o.faults.find(name);
-  if (it == o.faults.end() || it->second.nth != n) return false;
+  if (armed == 0) {
+    if (o.faults.empty()) return false;
+    auto it = o.faults.find(name);
+    if (it == o.faults.end() || it->second.nth != n) return false;
+    armed = it->second.code;
+  }
   {
     std::lock_guard<std::mutex> lock(c.mu);
     ++c.failed;
@@ -277,8 +295,8 @@ bool Enter(const char* name, int* code) {
   std::fprintf(stderr,
                "jaxlake fake GPU: injected fault: call %llu of %s fails "
                "with error %d\n",
-               static_cast<unsigned long long>(n), name, it->second.code);
-  *code = it->second.code;
+               static_cast<unsigned long long>(n), name, armed);
+  *code = armed;
   return true;
 }
 
@@ -696,3 +714,37 @@ int CurrentDevice() { return t_device; }
 void SetCurrentDevice(int device) { t_device = device; }
 
 }  // namespace jaxlake::fakegpu
+
+// Fault injection while the program runs, for the tests (the schedule of
+// JAXLAKE_FAKEGPU_FAIL, armed from inside the process): the `nth` call of
+// entry point `name` from now on (1: the next one) fails with `code`
+// (nonzero). Several faults may be armed at once. Returns 0, or -1 for a
+// bad argument.
+extern "C" __attribute__((visibility("default"))) int
+jaxlake_fakegpu_fail_call(const char* name, unsigned long long nth,
+                          int code) {
+  if (name == nullptr || nth == 0 || code == 0) return -1;
+  jaxlake::fakegpu::Counters& c = jaxlake::fakegpu::C();
+  std::lock_guard<std::mutex> lock(c.mu);
+  const std::uint64_t now = c.calls[name];
+  c.armed[name][now + nth] = code;
+  return 0;
+}
+
+// Calls of entry point `name` so far.
+extern "C" __attribute__((visibility("default"))) unsigned long long
+jaxlake_fakegpu_calls(const char* name) {
+  if (name == nullptr) return 0;
+  jaxlake::fakegpu::Counters& c = jaxlake::fakegpu::C();
+  std::lock_guard<std::mutex> lock(c.mu);
+  auto it = c.calls.find(name);
+  return it == c.calls.end() ? 0 : it->second;
+}
+
+// VMM address space reserved now, in bytes.
+extern "C" __attribute__((visibility("default"))) unsigned long long
+jaxlake_fakegpu_vmm_reserved() {
+  jaxlake::fakegpu::Counters& c = jaxlake::fakegpu::C();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return static_cast<unsigned long long>(c.vmm_reserved);
+}

@@ -51,7 +51,7 @@ FAKE cuStreamSynchronize(CUstream stream) {
   if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (CUresult r = CheckSync(stream); r != CUDA_SUCCESS) return r;
   s->Synchronize();
-  return CUDA_SUCCESS;
+  return Sticky(s->device());
 }
 
 FAKE cuStreamQuery(CUstream stream) {
@@ -59,6 +59,7 @@ FAKE cuStreamQuery(CUstream stream) {
   fg::Stream* s = StreamFor(stream);
   if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (CUresult r = CheckSync(stream); r != CUDA_SUCCESS) return r;
+  if (CUresult r = Sticky(s->device()); r != CUDA_SUCCESS) return r;
   return s->Idle() ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
 
@@ -136,7 +137,7 @@ CUresult WriteValue(CUstream stream, CUdeviceptr addr, T value,
     __atomic_store_n(reinterpret_cast<T*>(addr), value, __ATOMIC_SEQ_CST);
   };
   if (CUresult r = 0; CaptureMemOp(stream, work, &r)) return r;
-  s->Enqueue(work);
+  EnqueueTouching(s, {{addr, sizeof(T)}}, work);
   return CUDA_SUCCESS;
 }
 
@@ -230,6 +231,7 @@ FAKE cuEventQuery(CUevent event) {
   auto e = fg::EventOf(event);
   if (e == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (CUresult r = CheckEventSync(event); r != CUDA_SUCCESS) return r;
+  if (CUresult r = Sticky(fg::CurrentDevice()); r != CUDA_SUCCESS) return r;
   std::lock_guard<std::mutex> lock(e->mu);
   return e->completed >= e->recorded ? CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
@@ -242,7 +244,7 @@ FAKE cuEventSynchronize(CUevent event) {
   std::unique_lock<std::mutex> lock(e->mu);
   const std::uint64_t target = e->recorded;
   e->cv.wait(lock, [&] { return e->completed >= target; });
-  return CUDA_SUCCESS;
+  return Sticky(fg::CurrentDevice());
 }
 
 FAKE cuEventElapsedTime(float* ms, CUevent start, CUevent end) {

@@ -110,6 +110,9 @@ Lake::Lake(vmm::Driver& driver, const LakeOptions& options)
 Lake::~Lake() {
   Impl& m = *impl_;
   std::unique_lock<std::mutex> lk(m.mu);
+  // Memory whose last use is still queued on a stream is unmapped only
+  // once that work ran (vllm#45552): wait for the pending frees' events.
+  m.WaitStreams(lk);
   std::vector<std::uint64_t> ids;
   for (const auto& [id, r] : m.stitched) ids.push_back(id);
   for (std::uint64_t id : ids) m.DropStitched(lk, id);

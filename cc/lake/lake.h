@@ -208,7 +208,9 @@ class Lake {
  public:
   // The driver must outlive the lake.
   Lake(vmm::Driver& driver, const LakeOptions& options);
-  ~Lake();  // unmaps and releases everything (live allocations too)
+  // Unmaps and releases everything (live allocations too), once the events
+  // of pending frees completed: it waits for the streams' work first.
+  ~Lake();
   Lake(const Lake&) = delete;
   Lake& operator=(const Lake&) = delete;
 

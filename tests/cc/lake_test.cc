@@ -612,6 +612,40 @@ TEST(empty_cache_and_destruction_release_everything) {
   CHECK_EQ(drv.live_events(), 0u);
 }
 
+// vllm#45552: memory whose last use is still queued on a stream is never
+// unmapped under that work, when the lake is destroyed either: the lake
+// waits for the events of its pending frees first. The sim driver counts
+// unmaps made while the stream is held.
+class UnmapWatch : public jaxlake::vmm::SimDriver {
+ public:
+  using SimDriver::SimDriver;
+  int unmaps = 0;
+  int unmaps_while_held = 0;
+
+ protected:
+  Status do_unmap(std::uintptr_t va, std::size_t size) override {
+    ++unmaps;
+    if (stream_held(1)) ++unmaps_while_held;
+    return SimDriver::do_unmap(va, size);
+  }
+};
+
+TEST(destruction_waits_for_work_in_flight) {
+  UnmapWatch drv(Small());
+  {
+    Lake lake(drv, Capped(64 * kMiB));
+    drv.hold_stream(1, /*until_waited=*/true);
+    auto a = Alloc(lake, 8 * kMiB, nullptr, 1);
+    CHECK(lake.free(a, 1) == Status::kOk);
+    CHECK_EQ(lake.empty_cache(), 0u);  // the free's last use is queued
+    CHECK_EQ(drv.unmaps, 0);
+  }
+  CHECK(drv.unmaps >= 1);
+  CHECK_EQ(drv.unmaps_while_held, 0);
+  CHECK_EQ(drv.physical_bytes(), 0u);
+  CHECK_EQ(drv.live_events(), 0u);
+}
+
 TEST(bad_frees_are_refused) {
   jaxlake::vmm::SimDriver drv(Small());
   Lake lake(drv, LakeOptions{});

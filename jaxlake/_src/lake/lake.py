@@ -297,7 +297,10 @@ class Lake:
         """Keeps work recorded on `stream` in flight until release_stream
         (events recorded on it stay incomplete). With until_waited=True the
         hold also ends when the lake waits for that work (the device
-        finishes what is waited for), so one thread cannot block forever."""
+        finishes what is waited for), so one thread cannot block forever.
+        A lake destroyed while frees on a held stream are pending waits for
+        that work (it unmaps nothing the work may use): release the stream
+        first, or hold it with until_waited=True."""
         self._core.hold_stream(_integer("stream", stream, 0),
                                bool(until_waited))
 
