@@ -64,6 +64,19 @@ int jaxlake_fakegpu_release_stream(void* stream);
  * would, but with no current context and no capture rules. */
 void jaxlake_fakegpu_synchronize(int device);
 
+/* Fault injection armed from inside the program (the schedule of
+ * JAXLAKE_FAKEGPU_FAIL): the `nth` call of `name` from now on (1: the next)
+ * fails with `code` (nonzero). 0, or -1 for a bad argument. Defined in
+ * state.cc. */
+int jaxlake_fakegpu_fail_call(const char* name, unsigned long long nth,
+                              int code);
+
+/* VMM address space reserved now, in bytes (state.cc), and the physical
+ * handles not yet released and the live mappings (memory.cc). */
+unsigned long long jaxlake_fakegpu_vmm_reserved(void);
+void jaxlake_fakegpu_vmm_live(unsigned long long* handles,
+                              unsigned long long* mappings);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif

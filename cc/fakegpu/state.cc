@@ -731,16 +731,6 @@ jaxlake_fakegpu_fail_call(const char* name, unsigned long long nth,
   return 0;
 }
 
-// Calls of entry point `name` so far.
-extern "C" __attribute__((visibility("default"))) unsigned long long
-jaxlake_fakegpu_calls(const char* name) {
-  if (name == nullptr) return 0;
-  jaxlake::fakegpu::Counters& c = jaxlake::fakegpu::C();
-  std::lock_guard<std::mutex> lock(c.mu);
-  auto it = c.calls.find(name);
-  return it == c.calls.end() ? 0 : it->second;
-}
-
 // VMM address space reserved now, in bytes.
 extern "C" __attribute__((visibility("default"))) unsigned long long
 jaxlake_fakegpu_vmm_reserved() {
