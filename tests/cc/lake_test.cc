@@ -1765,6 +1765,45 @@ TEST(chunk_counts_are_64_bit) {
         std::string::npos);
 }
 
+// The snapshot's breakdown of held bytes (HeldBreakdown) sorts free units
+// by where they lie in their chunk, and its parts add up to what is held.
+TEST(snapshot_breaks_held_bytes_down_by_where_free_units_lie) {
+  jaxlake::vmm::SimDriver sim(Small());
+  Lake lake(sim, Capped(64 * kMiB));
+  constexpr std::size_t kKiB = 1024;
+  auto a = Alloc(lake, 5 * kMiB + 1000);  // 3 chunks; 24 bytes rounding
+  jaxlake::HeldBreakdown h = lake.snapshot().held;
+  CHECK_EQ(h.held, 6 * kMiB);
+  CHECK_EQ(h.live, 5 * kMiB + 1000);
+  CHECK_EQ(h.rounding, 24u);
+  CHECK_EQ(h.free_tails, kMiB - 1024);
+  CHECK_EQ(h.free_chunks + h.free_heads + h.free_inner, 0u);
+  auto c = Alloc(lake, 512 * kKiB);  // into a's tail, from its start
+  CHECK(lake.free(a, 0) == Status::kOk);
+  auto d = Alloc(lake, 64 * kKiB);   // into the tail after c
+  auto e = Alloc(lake, 64 * kKiB);   // after d
+  CHECK(lake.free(d, 0) == Status::kOk);
+  // Chunk 2 now holds: a free head (a's last 1 MiB + 1024), c, a free
+  // hole (d's), e, a free tail; chunks 0 and 1 are wholly free.
+  h = lake.snapshot().held;
+  CHECK_EQ(h.held, 6 * kMiB);
+  CHECK_EQ(h.live, 576 * kKiB);
+  CHECK_EQ(h.rounding, 0u);
+  CHECK_EQ(h.free_chunks, 4 * kMiB);
+  CHECK_EQ(h.free_heads, kMiB + 1024);
+  CHECK_EQ(h.largest_head, kMiB + 1024);
+  CHECK_EQ(h.free_inner, 64 * kKiB);
+  CHECK_EQ(h.free_tails, 384 * kKiB - 1024);
+  CHECK_EQ(h.largest_tail, 384 * kKiB - 1024);
+  CHECK_EQ(h.live + h.rounding + h.free_chunks + h.free_heads + h.free_tails +
+               h.free_inner + h.slab_free,
+           h.held);
+  for (auto p : {c, e}) CHECK(lake.free(p, 0) == Status::kOk);
+  h = lake.snapshot().held;
+  CHECK_EQ(h.free_chunks, h.held);
+  CHECK_EQ(lake.check(), std::string());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) { return jaxlake::check::RunAll(argc, argv); }
