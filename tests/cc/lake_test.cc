@@ -1804,6 +1804,43 @@ TEST(snapshot_breaks_held_bytes_down_by_where_free_units_lie) {
   CHECK_EQ(lake.check(), std::string());
 }
 
+// A free head (free units that start a chunk whose other units are live)
+// may end a stitch, as a free tail may lead one: the range maps the head's
+// chunk last and uses only its first units. Here the whole free chunks
+// hold 4 of the 5 MiB asked for and the lake may not grow: without the
+// head the request runs out of memory.
+TEST(free_head_ends_a_stitch_to_save_a_whole_chunk) {
+  jaxlake::vmm::HostDriver drv(Small());
+  Lake lake(drv, Capped(8 * kMiB));
+  auto a = Alloc(lake, 4 * kMiB);  // two chunks
+  auto d = Alloc(lake, 2 * kMiB);  // keeps a's segment apart from b's
+  auto b = Alloc(lake, kMiB);      // a chunk of its own...
+  auto c = Alloc(lake, kMiB);      // ...shared with c
+  CHECK(lake.free(a, 0) == Status::kOk);
+  CHECK(lake.free(b, 0) == Status::kOk);  // the head: c's chunk's first half
+  Fill(c, kMiB, 3);
+  Fill(d, 2 * kMiB, 4);
+  const auto reserved = lake.stats().bytes_reserved.current;
+  CHECK_EQ(reserved, static_cast<std::int64_t>(8 * kMiB));
+  AllocState how{};
+  auto r = Alloc(lake, 5 * kMiB, &how);
+  CHECK(how == AllocState::stitch);
+  Fill(r, 5 * kMiB, 7);
+  CHECK(Holds(c, kMiB, 3));
+  CHECK(Holds(d, 2 * kMiB, 4));
+  CHECK(Holds(r, 5 * kMiB, 7));
+  CHECK_EQ(lake.stats().bytes_reserved.current, reserved);
+  CHECK_EQ(lake.check(), std::string());
+  CHECK(lake.free(r, 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+  // The head's units are free again: a 1 MiB request fits there.
+  auto e = Alloc(lake, kMiB, &how);
+  CHECK(how == AllocState::fit);
+  CHECK(e == b);
+  for (auto p : {c, d, e}) CHECK(lake.free(p, 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) { return jaxlake::check::RunAll(argc, argv); }
