@@ -25,8 +25,10 @@
 //   span          a free run across back-to-back segments (tail of one,
 //                 wholly free ones, head of the next): an alias, no call
 //   stitch        the whole free chunks of free blocks, largest first,
-//                 mapped into a new range; a free block that ends at a
-//                 chunk boundary leads it when that saves a whole chunk
+//                 mapped into a new range; a free tail (free units up to a
+//                 chunk's end) may lead it and a free head (free units
+//                 from a chunk's start) end it, where that saves whole
+//                 chunks
 //   stitch grow   as above, creating the shortfall as a new segment
 //                 (placed after the newest segment: a free tail at the
 //                 growth edge and the shortfall need no stitched mapping),
