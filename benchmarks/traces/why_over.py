@@ -101,6 +101,7 @@ def explain(path: str, dev: int) -> Optional[Dict[str, Any]]:
             reach = (h["free_chunks"] + h["largest_tail"] +
                      h["largest_head"] + h["unheld"])
             h["any_stitch"] = reach >= h["request"]
+            h["short"] = max(0, h["request"] - reach)
             out["failure"] = h
     return out
 
@@ -129,7 +130,9 @@ def lines(r: Dict[str, Any]) -> List[str]:
             f"{_mib(f['free_heads'])} (largest {_mib(f['largest_head'])}), "
             f"inner {_mib(f['free_inner'])}, rounding "
             f"{_mib(f['rounding'])}; any stitch: "
-            f"{'yes' if f['any_stitch'] else 'no'}")
+            f"{'yes' if f['any_stitch'] else 'no'}"
+            + ("" if f["any_stitch"] else
+               f" (short by {f['short'] / 1024:.1f} KiB)"))
     return out
 
 
