@@ -638,3 +638,45 @@ def test_stitching_limit_claims_name_each_miss() -> None:
     assert not far.ok and "two-over" in far.detail
     assert "surplus" not in far.detail
     assert not low.ok and "surplus: U 0.934 < 0.98 x 0.990" in low.detail
+
+
+def _why_over() -> object:
+    """benchmarks/traces/why_over.py, loaded as a module."""
+    import importlib.util
+    path = (pathlib.Path(__file__).resolve().parent.parent / "benchmarks" /
+            "traces" / "why_over.py")
+    spec = importlib.util.spec_from_file_location("why_over", path)
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_why_over_breaks_the_held_bytes_down_at_the_fit() -> None:
+    """why_over.py on a bundled trace whose fit is a granule above the
+    stitching limit: at the peak under the fit capacity the parts of the
+    held bytes add up to them, and one granule below it names the request
+    that fails, which the free bytes a stitch can reach do not cover."""
+    why = _why_over()
+    path = str(pathlib.Path(bench.installed_suite_dir() or "") /
+               "lm-small-remat-dots-no-batch-saveable.jsonl.gz")
+    r = why.explain(path, 0)  # type: ignore[attr-defined]
+    granule = 2 << 20
+    assert r["fit"] == r["limit"] + 1
+    p = r["at_peak"]
+    assert p["live"] == r["peak_live"]
+    assert p["held"] == r["fit"] * granule
+    assert p["held"] == sum(p[k] for k in (
+        "live", "rounding", "free_chunks", "free_tails", "free_heads",
+        "free_inner", "slab_free"))
+    f = r["failure"]
+    trace = tracefile.read_trace(path)
+    event = trace.events()[f["event"]]
+    assert event.op == "alloc" and event.size == f["request"]
+    assert f["capacity"] == (r["fit"] - 1) * granule
+    assert f["held"] + f["unheld"] == f["capacity"]
+    reach = (f["free_chunks"] + f["largest_tail"] + f["largest_head"] +
+             f["unheld"])
+    assert not f["any_stitch"] and f["short"] == f["request"] - reach > 0
+    assert any("short by" in line
+               for line in why.lines(r))  # type: ignore[attr-defined]

@@ -3,6 +3,7 @@ the hold-out set (docs/benchmarks.md, "Hold-out").
 
     python benchmarks/traces/build.py --holdout --out HOLDOUT --jobs 2
     python benchmarks/traces/holdout.py HOLDOUT [--out DIR] [--bundled]
+        [--also DIR ...]
 
 Runs `jaxlake bench` on HOLDOUT and on each HOLDOUT/synthetic-seed<N>
 (and, with --bundled, on the bundled suite), then prints one markdown row
@@ -84,14 +85,24 @@ def main(argv: Sequence[str]) -> int:
     parser.add_argument("--out", default="jaxlake-holdout")
     parser.add_argument("--bundled", action="store_true",
                         help="the bundled suite too")
+    parser.add_argument("--also", action="append", default=[],
+                        metavar="DIR",
+                        help="another folder of traces benched as a set of "
+                             "its own (repeatable; e.g. the synthetic "
+                             "traces at seeds 0-7)")
     parser.add_argument("--results", action="store_true",
                         help="read the results.json files under --out "
                              "instead of running the bench")
+    parser.add_argument("--reuse", action="store_true",
+                        help="read a set's results.json when --out already "
+                             "holds one, bench the others")
     args = parser.parse_args(argv)
     parts: List[Tuple[str, str]] = [("holdout", args.holdout)]
     for name in sorted(os.listdir(args.holdout)):
         if name.startswith("synthetic-seed"):
             parts.append((name, os.path.join(args.holdout, name)))
+    for folder in args.also:
+        parts.append((os.path.basename(os.path.normpath(folder)), folder))
     if args.bundled:
         parts.append(("bundled", ""))
     print("| set | trace | limit (granules) | limit U | U_fit | U | "
@@ -100,8 +111,9 @@ def main(argv: Sequence[str]) -> int:
     summary = []
     for label, folder in parts:
         out = os.path.join(args.out, label)
-        path = os.path.join(out, "results.json") if args.results \
-            else bench(folder, out)
+        path = os.path.join(out, "results.json")
+        if not (args.results or (args.reuse and os.path.exists(path))):
+            path = bench(folder, out)
         rs = rows(path)
         for r in rs:
             print(f"| {label} | `{r['name']}` | {r['granules']:.0f} | "

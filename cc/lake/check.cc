@@ -308,6 +308,33 @@ LakeSnapshot Lake::snapshot() const {
         r.owner = blk.owner;
         r.address = k == 2 ? seg.va + std::size_t{b->first} * m.unit : 0;
       }
+      // The breakdown of held bytes: free units by where they lie in the
+      // chunk (HeldBreakdown).
+      {
+        std::uint64_t free_units = 0, tail = 0, head = 0;
+        for (auto b = it; b != seg.blocks.end() && b->first < hi; ++b) {
+          if (b->second.state != BlockState::kFree) continue;
+          const std::uint64_t a = std::max(b->first, lo);
+          const std::uint64_t e = std::min(b->second.end, hi);
+          free_units += e - a;
+          if (a == lo && e == hi) continue;
+          if (e == hi) tail = e - a;
+          else if (a == lo) head = e - a;
+        }
+        HeldBreakdown& h = out.held;
+        if (free_units == m.cu) {
+          h.free_chunks += m.gran;
+        } else {
+          h.free_tails += tail * m.unit;
+          h.free_heads += head * m.unit;
+          h.free_inner += (free_units - tail - head) * m.unit;
+          h.largest_tail = std::max<std::size_t>(h.largest_tail,
+                                                 tail * m.unit);
+          h.largest_head = std::max<std::size_t>(h.largest_head,
+                                                 head * m.unit);
+        }
+        h.held += m.gran;
+      }
       r.state = rank == 3   ? ChunkState::kLent
                 : rank == 2 ? ChunkState::kLive
                 : rank == 1 ? ChunkState::kSlab
@@ -330,6 +357,13 @@ LakeSnapshot Lake::snapshot() const {
     }
     out.segments.push_back(std::move(s));
   }
+  out.held.live = static_cast<std::size_t>(m.st.bytes_in_use.current);
+  out.held.rounding =
+      static_cast<std::size_t>(m.st.bytes_in_use_rounded.current -
+                               m.st.bytes_in_use.current);
+  for (const auto& [id, sl] : m.slabs) out.held.slab_free += sl.bytes - sl.used;
+  for (const auto& [id, r] : m.stitched)
+    if (r.cached) out.held.stitched_cached += std::size_t{r.nunits} * m.unit;
   for (const auto& [id, r] : m.stitched) {
     SnapshotStitched s;
     s.id = id;

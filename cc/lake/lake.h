@@ -25,8 +25,10 @@
 //   span          a free run across back-to-back segments (tail of one,
 //                 wholly free ones, head of the next): an alias, no call
 //   stitch        the whole free chunks of free blocks, largest first,
-//                 mapped into a new range; a free block that ends at a
-//                 chunk boundary leads it when that saves a whole chunk
+//                 mapped into a new range; a free tail (free units up to a
+//                 chunk's end) may lead it and a free head (free units
+//                 from a chunk's start) end it, where that saves whole
+//                 chunks
 //   stitch grow   as above, creating the shortfall as a new segment
 //                 (placed after the newest segment: a free tail at the
 //                 growth edge and the shortfall need no stitched mapping),
@@ -194,9 +196,34 @@ struct SnapshotSlab {
   vmm::Stream stream = 0;
 };
 
+// Where the physical bytes the lake holds go, in bytes (LakeSnapshot::held;
+// benchmarks/traces/why_over.py prints it at a trace's fit capacity). The
+// parts add up to `held`. Free units are sorted by where they lie in their
+// chunk, since a stitch maps whole chunks: a wholly free chunk can go
+// anywhere in a stitched range; free units in a chunk that also holds
+// other units only at a range's ends (a free tail, ending at the chunk's
+// end, as its first piece; a free head, starting at the chunk's start, as
+// its last), or inside it (touching neither end) only by a request that
+// fits there.
+struct HeldBreakdown {
+  std::size_t held = 0;         // physical bytes of the segments
+  std::size_t live = 0;         // requested bytes of live allocations
+  std::size_t rounding = 0;     // held by live allocations past their request
+  std::size_t free_chunks = 0;  // wholly free chunks
+  std::size_t free_tails = 0;   // free units ending a partly used chunk
+  std::size_t free_heads = 0;   // free units starting a partly used chunk
+  std::size_t free_inner = 0;   // free units touching neither end of theirs
+  std::size_t slab_free = 0;    // small-pool slab bytes not handed out
+  std::size_t largest_tail = 0;
+  std::size_t largest_head = 0;
+  std::size_t stitched_cached = 0;  // VA bytes of cached stitched ranges
+                                    // (no physical memory of their own)
+};
+
 struct LakeSnapshot {
   std::size_t granularity = 0;
   std::size_t capacity = 0;
+  HeldBreakdown held;
   std::vector<SnapshotSegment> segments;   // by id
   std::vector<SnapshotStitched> stitched;  // by id
   std::vector<SnapshotSlab> slabs;         // by id

@@ -306,8 +306,16 @@ struct Lake::Impl {
 
   // Free blocks of less than a chunk checked as the lead of a stitch.
   static constexpr int kLeadCandidates = 16;
+  // Free blocks checked for the largest tail and for a head (PlanStitch).
+  static constexpr int kEndCandidates = 64;
+  // A free head usable by s of at least `units` (the smallest among the
+  // first candidates), in another chunk than unit `avoid` of segment
+  // `avoid_seg`; false when there is none.
+  bool FindHead(std::uint64_t units, Stream s, std::uint64_t avoid_seg,
+                std::uint64_t avoid, Head* head) const;
   std::uint64_t PlanStitch(std::uint64_t n, Stream s,
-                           std::vector<Piece>* plan, std::uint64_t* lead);
+                           std::vector<Piece>* plan, std::uint64_t* lead,
+                           Head* head);
   Status MapStitched(std::unique_lock<std::mutex>& lk, std::uint64_t id);
   void AbandonStitched(std::uint64_t id, const std::vector<Tag>& tags);
   Status TryStitch(std::unique_lock<std::mutex>& lk, std::uint64_t n,
@@ -317,7 +325,8 @@ struct Lake::Impl {
                     std::uint64_t lead, std::uint64_t got, std::uint64_t n,
                     Stream s, std::size_t size, std::uintptr_t* addr,
                     AllocState* state, bool grow_ahead,
-                    std::uint64_t most = ~std::uint64_t{0});
+                    std::uint64_t most = ~std::uint64_t{0},
+                    const Head& head = Head{});
 
   // ---- free runs across back-to-back segments (span.cc) ----------------
   // The address right after seg's chunks (where a back-to-back neighbour

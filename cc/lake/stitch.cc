@@ -120,23 +120,58 @@ bool Lake::Impl::TryReuse(std::uint64_t n, Stream s, std::size_t size,
   return false;
 }
 
+bool Lake::Impl::FindHead(std::uint64_t units, Stream s,
+                          std::uint64_t avoid_seg, std::uint64_t avoid,
+                          Head* head) const {
+  // The smallest head of at least `units` among the first candidates: the
+  // free units from the start of the chunk that holds a free block's end,
+  // when the block covers that chunk's start but not its end.
+  int seen = 0;
+  std::uint64_t best = 0;
+  for (auto it = free_index.lower_bound(FreeKey(units, 0, 0));
+       it != free_index.end() && seen < kEndCandidates; ++it, ++seen) {
+    const auto [len, seg_id, start] = *it;
+    const std::uint64_t end = start + len;
+    const std::uint64_t c = ChunkDown(end);
+    if (end == c || c < start) continue;
+    const std::uint64_t part = end - c;
+    if (part < units || (best != 0 && part >= best)) continue;
+    if (seg_id == avoid_seg && c == ChunkDown(avoid)) continue;
+    if (!Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
+    *head = Head{seg_id, c, 0};
+    best = part;
+    if (part == units) break;
+  }
+  return best != 0;
+}
+
 // Plans a stitched range for n units on stream s. Pieces: the whole free
-// chunks of free blocks usable by s, largest block first. A free block
-// smaller than a chunk that ends at a chunk boundary and holds the
-// request's last partial chunk leads the range (*lead: the units of its
-// chunk before it), which then takes one whole chunk fewer (best fit among
-// the first candidates), whether or not the whole chunks would cover the
-// request without it. Returns the units the plan covers after the lead.
+// chunks of free blocks usable by s, largest block first. A free range
+// maps whole chunks, so it can hold part of a chunk only at its two ends:
+// a free tail (the free units from a block's start to the end of its
+// chunk) may lead it (*lead: the units of its chunk before the tail, all
+// of the tail used), and a free head (the free units from the start of a
+// chunk to the end of a block) may end it (*head: its first units used).
+// The ends are chosen to take the
+// fewest whole chunks: first the smallest tail that holds the request's
+// last partial chunk (one chunk fewer), with a head where one holds what
+// is then left of a chunk; then no tail, or the largest tail, each with a
+// head, where that takes fewer chunks still. Returns the units the lead
+// and whole chunks cover; the head's are head->use.
 std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
                                      std::vector<Piece>* plan,
-                                     std::uint64_t* lead) {
+                                     std::uint64_t* lead, Head* head) {
   std::uint64_t got = 0;
   *lead = 0;
-  // A free block smaller than a chunk that ends at a chunk boundary and
-  // holds the request's last partial chunk leads the range: the range then
-  // takes one whole chunk fewer (best fit among the first candidates).
+  *head = Head{};
+  struct Tail {
+    std::uint64_t seg = 0, start = 0, len = 0;
+  };
   const std::uint64_t rem = n % cu;
   const bool room = !opt.max_pieces || opt.max_pieces >= 2;
+  // A head adds a piece after the shortfall's: only with no piece limit.
+  const bool head_room = opt.max_pieces == 0;
+  Tail fit;  // the smallest tail that holds the last partial chunk
   int seen = 0;
   for (auto it = free_index.lower_bound(FreeKey(rem, 0, 0));
        rem != 0 && room && it != free_index.end() && seen < kLeadCandidates;
@@ -146,13 +181,62 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
     if ((start + len) % cu != 0) continue;
     ++seen;
     if (!Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
-    const std::uint64_t c = start + len - cu;
-    plan->push_back(Piece{seg_id, c, cu});
-    *lead = start - c;
-    got = len;
+    fit = Tail{seg_id, start, len};
     break;
   }
-  for (auto it = free_index.rbegin(); it != free_index.rend() && got < n;
+  // The largest tail among the first candidates below a chunk: the free
+  // units of a block from its start to the end of its first chunk (all of
+  // it, when it ends there).
+  Tail largest;
+  seen = 0;
+  for (auto it = std::make_reverse_iterator(
+           free_index.lower_bound(FreeKey(cu, 0, 0)));
+       head_room && room && it != free_index.rend() &&
+       seen < kEndCandidates;
+       ++it, ++seen) {
+    auto [len, seg_id, start] = *it;
+    const std::uint64_t part = ChunkUp(start) - start;
+    if (part == 0 || part > len || part <= largest.len || part >= n)
+      continue;
+    if (!Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
+    largest = Tail{seg_id, start, part};
+  }
+  // Whole chunks a plan with tail t takes, and its head (if any).
+  auto chunks = [&](const Tail& t, Head* h) {
+    assert(t.len < n);  // else a fit would have served it
+    const std::uint64_t m = n - t.len;
+    *h = Head{};
+    if (m % cu == 0) return m / cu;
+    if (head_room && FindHead(m % cu, s, t.seg, t.start, h)) {
+      h->use = m % cu;
+      return m / cu;
+    }
+    return m / cu + 1;
+  };
+  Tail best = fit;
+  std::uint64_t least = chunks(fit, head);
+  if (head_room) {
+    for (const Tail& t : {Tail{}, largest}) {
+      if (t.len == 0 && fit.len == 0) continue;  // evaluated already
+      if (t.len != 0 && t.seg == fit.seg && t.start == fit.start) continue;
+      Head h;
+      const std::uint64_t c = chunks(t, &h);
+      if (c < least) {
+        least = c;
+        best = t;
+        *head = h;
+      }
+    }
+  }
+  if (best.len != 0) {
+    const std::uint64_t c = best.start + best.len - cu;
+    plan->push_back(Piece{best.seg, c, cu});
+    *lead = best.start - c;
+    got = best.len;
+  }
+  // The whole chunks: up to what the head leaves.
+  const std::uint64_t want = n - head->use;
+  for (auto it = free_index.rbegin(); it != free_index.rend() && got < want;
        ++it) {
     auto [len, seg_id, start] = *it;
     if (len < cu) break;  // no whole chunk in this block or any after it
@@ -160,7 +244,7 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
     const std::uint64_t b = ChunkDown(start + len);
     if (b <= a) continue;
     if (!Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
-    const std::uint64_t k = std::min(b - a, ChunkUp(n - got));
+    const std::uint64_t k = std::min(b - a, ChunkUp(want - got));
     plan->push_back(Piece{seg_id, a, k});
     got += k;
     if (opt.max_pieces && plan->size() >= opt.max_pieces) break;
@@ -173,7 +257,7 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
     }
     if (plan->empty()) *lead = 0;
   }
-  return std::min(got, n);
+  return std::min(got, want);
 }
 
 // Maps the pieces of range `id` into a new reservation (lock released
@@ -252,8 +336,9 @@ Status Lake::Impl::TryStitch(std::unique_lock<std::mutex>& lk, std::uint64_t n,
   if (!opt.stitch || size < opt.stitch_min) return Status::kOutOfMemory;
   std::vector<Piece> plan;
   std::uint64_t lead = 0;
-  const std::uint64_t got = PlanStitch(n, s, &plan, &lead);
-  if (plan.empty()) return Status::kOutOfMemory;
+  Head head;
+  const std::uint64_t got = PlanStitch(n, s, &plan, &lead, &head);
+  if (plan.empty() && head.use == 0) return Status::kOutOfMemory;
   // Whole free chunks that lie back to back in a growth range, taken in
   // address order, need no mapping of their own (see BackToBack).
   if (lead == 0 && plan.size() > 1) {
@@ -265,13 +350,14 @@ Status Lake::Impl::TryStitch(std::unique_lock<std::mutex>& lk, std::uint64_t n,
               });
     if (BackToBack(sorted)) plan = std::move(sorted);
   }
-  if (got < n && !opt.stitch_grow) return Status::kOutOfMemory;
+  if (got + head.use < n && !opt.stitch_grow) return Status::kOutOfMemory;
   // A shortfall while nothing was freed since the last growth (parameters
   // and optimizer state being made) is sized as a growth, as a plain growth
   // is; once frees come between growths (a step's transient buffers), only
   // the shortfall is created, so no surplus waits at a transient peak.
   return StitchPlan(lk, std::move(plan), lead, got, n, s, size, addr, state,
-                    /*grow_ahead=*/!freed_since_growth);
+                    /*grow_ahead=*/!freed_since_growth, ~std::uint64_t{0},
+                    head);
 }
 
 // Serves n units from a plan: pieces whose first `got` units after `lead`
@@ -288,27 +374,35 @@ Status Lake::Impl::StitchPlan(std::unique_lock<std::mutex>& lk,
                               std::uint64_t got, std::uint64_t n, Stream s,
                               std::size_t size, std::uintptr_t* addr,
                               AllocState* state, bool grow_ahead,
-                              std::uint64_t most) {
+                              std::uint64_t most, const Head& head) {
   got = std::min(got, n);
-  const std::uint64_t shortfall = got < n ? ChunkUp(n - got) / cu : 0;
+  // The head's units end the range, after the shortfall's whole chunks.
+  std::uint64_t hu = got + head.use <= n ? head.use : 0;
+  std::uint64_t shortfall = got + hu < n ? ChunkUp(n - got - hu) / cu : 0;
   std::uint64_t create = 0;  // chunks of the new segment
   if (shortfall > 0) {
     create = grow_ahead ? ClaimGrowth(shortfall, most)
                         : (ClaimCapacity(shortfall) ? shortfall : 0);
     if (create == 0) return Status::kOutOfMemory;
+    if (hu != 0 && create > shortfall) {
+      // The growth's share holds the head's units too: no head.
+      hu = 0;
+      shortfall = ChunkUp(n - got) / cu;
+    }
   }
   bool grew = false;
   const std::uint64_t id = next_id++;
   Stitched& r0 = stitched[id];
   r0.pieces = plan;
+  if (hu != 0) r0.pieces.push_back(Piece{head.seg, head.start, cu});
   r0.lead = lead;
   r0.mapping = true;
-  for (const Piece& p : plan) r0.nunits += p.n;
-  r0.used = got;
+  for (const Piece& p : r0.pieces) r0.nunits += p.n;
+  r0.used = got + hu;
   // Claim the planned units before releasing the lock.
   std::vector<Tag> tags;
-  ForUsed(r0, got, [&](std::uint64_t seg, std::uint64_t start,
-                       std::uint64_t k) {
+  ForUsed(r0, got + hu, [&](std::uint64_t seg, std::uint64_t start,
+                            std::uint64_t k) {
     tags.push_back(BlockAt(seg, start).tag);
     Carve(seg, start, k, BlockState::kLent, id);
   });
@@ -320,12 +414,20 @@ Status Lake::Impl::StitchPlan(std::unique_lock<std::mutex>& lk,
       AbandonStitched(id, tags);
       return cs;
     }
-    Carve(seg_id, 0, n - got, BlockState::kLent, id);
+    // Before a head, the new segment's chunks are used whole.
+    Carve(seg_id, 0, hu != 0 ? shortfall * cu : n - got, BlockState::kLent,
+          id);
     Stitched& r = stitched.at(id);
-    r.pieces.push_back(Piece{seg_id, 0, shortfall * cu});
+    const Piece grown{seg_id, 0, shortfall * cu};
+    if (hu != 0) {
+      r.pieces.insert(r.pieces.end() - 1, grown);
+      tags.insert(tags.end() - 1, Tag{});
+    } else {
+      r.pieces.push_back(grown);
+      tags.push_back(Tag{});
+    }
     r.nunits += shortfall * cu;
     r.used = n;
-    tags.push_back(Tag{});
     segs.at(seg_id).stitch_refs += 1;
     grew = true;
   }

@@ -322,6 +322,13 @@ struct Slab {
   std::map<std::size_t, std::size_t> free;  // offset -> length
 };
 
+// A stitch's last piece when it is a free head: the chunk that starts at
+// unit `start` of segment `seg`, whose first `use` units (free) end the
+// request; use == 0: none (docs/design.md, "One pool").
+struct Head {
+  std::uint64_t seg = 0, start = 0, use = 0;
+};
+
 enum class Kind : std::uint8_t { kPrimary, kStitched, kSmall };
 
 struct Alloc {

@@ -511,6 +511,20 @@ nb::dict Layout(const LakeViewSnapshot& s) {
   d["capacity"] = l.capacity;
   d["free_chunks"] = l.free_chunks;
   d["largest_free"] = l.largest_free;
+  const HeldBreakdown& h = l.held;
+  nb::dict held;
+  held["held"] = h.held;
+  held["live"] = h.live;
+  held["rounding"] = h.rounding;
+  held["free_chunks"] = h.free_chunks;
+  held["free_tails"] = h.free_tails;
+  held["free_heads"] = h.free_heads;
+  held["free_inner"] = h.free_inner;
+  held["slab_free"] = h.slab_free;
+  held["largest_tail"] = h.largest_tail;
+  held["largest_head"] = h.largest_head;
+  held["stitched_cached"] = h.stitched_cached;
+  d["held"] = held;
   nb::list segments;
   for (const SnapshotSegment& seg : l.segments) {
     nb::list runs;

@@ -1730,6 +1730,82 @@ TEST(chunk_counts_are_64_bit) {
         std::string::npos);
 }
 
+// The snapshot's breakdown of held bytes (HeldBreakdown) sorts free units
+// by where they lie in their chunk, and its parts add up to what is held.
+TEST(snapshot_breaks_held_bytes_down_by_where_free_units_lie) {
+  jaxlake::vmm::SimDriver sim(Small());
+  Lake lake(sim, Capped(64 * kMiB));
+  constexpr std::size_t kKiB = 1024;
+  auto a = Alloc(lake, 5 * kMiB + 1000);  // 3 chunks; 24 bytes rounding
+  jaxlake::HeldBreakdown h = lake.snapshot().held;
+  CHECK_EQ(h.held, 6 * kMiB);
+  CHECK_EQ(h.live, 5 * kMiB + 1000);
+  CHECK_EQ(h.rounding, 24u);
+  CHECK_EQ(h.free_tails, kMiB - 1024);
+  CHECK_EQ(h.free_chunks + h.free_heads + h.free_inner, 0u);
+  auto c = Alloc(lake, 512 * kKiB);  // into a's tail, from its start
+  CHECK(lake.free(a, 0) == Status::kOk);
+  auto d = Alloc(lake, 64 * kKiB);   // into the tail after c
+  auto e = Alloc(lake, 64 * kKiB);   // after d
+  CHECK(lake.free(d, 0) == Status::kOk);
+  // Chunk 2 now holds: a free head (a's last 1 MiB + 1024), c, a free
+  // hole (d's), e, a free tail; chunks 0 and 1 are wholly free.
+  h = lake.snapshot().held;
+  CHECK_EQ(h.held, 6 * kMiB);
+  CHECK_EQ(h.live, 576 * kKiB);
+  CHECK_EQ(h.rounding, 0u);
+  CHECK_EQ(h.free_chunks, 4 * kMiB);
+  CHECK_EQ(h.free_heads, kMiB + 1024);
+  CHECK_EQ(h.largest_head, kMiB + 1024);
+  CHECK_EQ(h.free_inner, 64 * kKiB);
+  CHECK_EQ(h.free_tails, 384 * kKiB - 1024);
+  CHECK_EQ(h.largest_tail, 384 * kKiB - 1024);
+  CHECK_EQ(h.live + h.rounding + h.free_chunks + h.free_heads + h.free_tails +
+               h.free_inner + h.slab_free,
+           h.held);
+  for (auto p : {c, e}) CHECK(lake.free(p, 0) == Status::kOk);
+  h = lake.snapshot().held;
+  CHECK_EQ(h.free_chunks, h.held);
+  CHECK_EQ(lake.check(), std::string());
+}
+
+// A free head (free units that start a chunk whose other units are live)
+// may end a stitch, as a free tail may lead one: the range maps the head's
+// chunk last and uses only its first units. Here the whole free chunks
+// hold 4 of the 5 MiB asked for and the lake may not grow: without the
+// head the request runs out of memory.
+TEST(free_head_ends_a_stitch_to_save_a_whole_chunk) {
+  jaxlake::vmm::HostDriver drv(Small());
+  Lake lake(drv, Capped(8 * kMiB));
+  auto a = Alloc(lake, 4 * kMiB);  // two chunks
+  auto d = Alloc(lake, 2 * kMiB);  // keeps a's segment apart from b's
+  auto b = Alloc(lake, kMiB);      // a chunk of its own...
+  auto c = Alloc(lake, kMiB);      // ...shared with c
+  CHECK(lake.free(a, 0) == Status::kOk);
+  CHECK(lake.free(b, 0) == Status::kOk);  // the head: c's chunk's first half
+  Fill(c, kMiB, 3);
+  Fill(d, 2 * kMiB, 4);
+  const auto reserved = lake.stats().bytes_reserved.current;
+  CHECK_EQ(reserved, static_cast<std::int64_t>(8 * kMiB));
+  AllocState how{};
+  auto r = Alloc(lake, 5 * kMiB, &how);
+  CHECK(how == AllocState::stitch);
+  Fill(r, 5 * kMiB, 7);
+  CHECK(Holds(c, kMiB, 3));
+  CHECK(Holds(d, 2 * kMiB, 4));
+  CHECK(Holds(r, 5 * kMiB, 7));
+  CHECK_EQ(lake.stats().bytes_reserved.current, reserved);
+  CHECK_EQ(lake.check(), std::string());
+  CHECK(lake.free(r, 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+  // The head's units are free again: a 1 MiB request fits there.
+  auto e = Alloc(lake, kMiB, &how);
+  CHECK(how == AllocState::fit);
+  CHECK(e == b);
+  for (auto p : {c, d, e}) CHECK(lake.free(p, 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+}
+
 }  // namespace
 
 int main(int argc, char** argv) { return jaxlake::check::RunAll(argc, argv); }
