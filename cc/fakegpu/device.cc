@@ -110,6 +110,10 @@ extern "C" {
 FAKE cuInit(unsigned int flags) {
   ENTER();
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  // Shared device memory (JAXLAKE_FAKEGPU_SHARED) that cannot be had: no
+  // device, as a driver that cannot reach its GPU answers (shared.cc said
+  // why on stderr).
+  if (fg::SharedError() != nullptr) return CUDA_ERROR_NO_DEVICE;
   Driver& d = D();
   std::lock_guard<std::mutex> lock(d.mu);
   d.initialized = true;
