@@ -60,6 +60,27 @@ def create(n):
     prop = Prop(type=1, loc_type=1, loc_id=0)
     return lib.cuMemCreate(ctypes.byref(h), ctypes.c_size_t(n),
                            ctypes.byref(prop), ctypes.c_ulonglong(0))
+POOL = ctypes.c_void_p()
+assert lib.cuDeviceGetDefaultMemPool(ctypes.byref(POOL), dev) == 0
+held = []
+def pool_alloc(n):  # no synchronisation
+    p = U64()
+    r = lib.cuMemAllocAsync(ctypes.byref(p), ctypes.c_size_t(n), None)
+    held.append(p.value)
+    return r
+def pool_free():
+    return lib.cuMemFreeAsync(U64(held.pop()), None)
+def sync():
+    return lib.cuStreamSynchronize(None)
+def set_threshold(n):
+    v = U64(n)
+    return lib.cuMemPoolSetAttribute(POOL, 4, ctypes.byref(v))
+def pool_attr(attr):  # 5: reserved now, 7: used now
+    v = U64()
+    assert lib.cuMemPoolGetAttribute(POOL, attr, ctypes.byref(v)) == 0
+    return v.value
+def trim(keep):
+    return lib.cuMemPoolTrimTo(POOL, ctypes.c_size_t(keep))
 def free_bytes():
     free, total = ctypes.c_size_t(), ctypes.c_size_t()
     assert lib.cuMemGetInfo_v2(ctypes.byref(free), ctypes.byref(total)) == 0
@@ -148,6 +169,47 @@ def test_a_process_that_exits_gives_its_share_back(
         a.proc.stdin.close()  # it leaves its loop and exits normally
         assert a.proc.wait(timeout=30) == 0
         assert b.ask("free_bytes()") == GiB
+    finally:
+        a.close()
+        b.close()
+
+
+def test_the_pool_keeps_freed_memory_to_its_release_threshold(
+        shared_env: Dict[str, str]) -> None:
+    # The driver's pool keeps what is freed to it until a synchronisation,
+    # then releases what it reserves beyond its release threshold (0 by
+    # default); the other process sees the device's memory as the pool
+    # holds it.
+    a, b = Client(shared_env), Client(shared_env)
+    try:
+        assert a.ask(f"pool_alloc({600 * MiB})") == 0
+        assert a.ask("pool_free()") == 0
+        assert a.ask("sync()") == 0
+        assert b.ask("free_bytes()") == GiB  # threshold 0: all released
+        assert a.ask(f"set_threshold({256 * MiB})") == 0
+        assert a.ask(f"pool_alloc({600 * MiB})") == 0
+        assert a.ask("pool_free()") == 0
+        assert a.ask("pool_attr(5)") == 600 * MiB  # kept until synchronised
+        assert a.ask("pool_attr(7)") == 0
+        assert b.ask("free_bytes()") == GiB - 600 * MiB
+        assert a.ask("sync()") == 0
+        assert a.ask("pool_attr(5)") == 256 * MiB
+        assert b.ask("free_bytes()") == GiB - 256 * MiB
+        # The kept memory serves the pool's next allocations first.
+        assert a.ask(f"pool_alloc({200 * MiB})") == 0
+        assert b.ask("free_bytes()") == GiB - 256 * MiB
+        assert a.ask(f"pool_alloc({100 * MiB})") == 0
+        assert b.ask("free_bytes()") == GiB - 300 * MiB
+        assert a.ask("pool_free()") == 0
+        assert a.ask("pool_free()") == 0
+        assert a.ask("sync()") == 0
+        assert b.ask("free_bytes()") == GiB - 256 * MiB
+        # The other process cannot have what the pool keeps; a trim gives
+        # it back.
+        assert b.ask(f"alloc({800 * MiB})") == 2
+        assert a.ask("trim(0)") == 0
+        assert a.ask("pool_attr(5)") == 0
+        assert b.ask(f"alloc({800 * MiB})") == 0
     finally:
         a.close()
         b.close()

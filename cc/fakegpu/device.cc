@@ -365,6 +365,7 @@ FAKE cuCtxSynchronize() {
   if (CUresult r = NeedContext(&dev); r != CUDA_SUCCESS) return r;
   if (CUresult r = CheckUnsafe(); r != CUDA_SUCCESS) return r;
   for (fg::Stream* s : fg::StreamsOf(dev)) s->Synchronize();
+  TrimPools();
   return CUDA_SUCCESS;
 }
 
