@@ -182,7 +182,8 @@ jaxlake_fakegpu_used(int device) {
 
 // With shared device memory (JAXLAKE_FAKEGPU_SHARED): each process's bytes
 // on `device`, up to `max` of them in pids and used; returns the number of
-// processes that hold some, or -1 when the memory is not shared.
+// processes with a slot (those that created device memory since they
+// started), or -1 when the memory is not shared.
 __attribute__((visibility("default"))) int jaxlake_fakegpu_shared_usage(
     int device, int* pids, unsigned long long* used, int max) {
   return fg::SharedUsage(device, pids, used, max);
