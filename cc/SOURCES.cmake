@@ -55,6 +55,7 @@ set(JAXLAKE_FAKEGPU_SOURCES
   cc/fakegpu/module.cc
   cc/fakegpu/graph.cc
   cc/fakegpu/runtime.cc
+  cc/fakegpu/shared.cc
   cc/fakegpu/cudnn.cc
   cc/fakegpu/cublas.cc
   cc/fakegpu/nccl.cc

@@ -301,3 +301,60 @@ def test_offload_under_the_fake_gpu_uses_pinned_host_memory(
             assert "optimizer state held in pinned_host memory" in \
                 proc.stdout
     assert counts["offload"] > counts["plain"], counts
+
+
+# -- one GPU shared by two JAX processes (--fake-gpu-shared) ---------------
+
+
+@NEEDS_JAX
+def test_two_jax_processes_share_one_fake_device(tmp_path: Path) -> None:
+    # The first process preallocates JAX's default 0.75 of a shared 256 MiB
+    # device and waits; the second, on the same device, can only have what
+    # is left, as on one GPU (alone it would hold 100 MiB easily).
+    import uuid
+    name = f"test-{uuid.uuid4().hex[:10]}"
+    memory = 256 << 20
+    args = ["--no-lake", f"--fake-gpu-memory={memory}",
+            "--fake-gpu-shared", name]
+    holder_code = (
+        "import sys, jax, jax.numpy as jnp\n"
+        "x = jnp.ones(1024); x.block_until_ready()\n"
+        "print('READY', flush=True)\n"
+        "sys.stdin.readline()\n")
+    env = {k: v for k, v in os.environ.items()
+           if not k.startswith("JAXLAKE") and k not in (
+               "JAX_PLATFORMS", "XLA_FLAGS", "LD_PRELOAD")}
+    env["XLA_FLAGS"] = "--xla_gpu_autotune_level=0"
+    jaxlake = str(Path(sys.executable).with_name("jaxlake"))
+    holder = subprocess.Popen(
+        [jaxlake, "run", "--fake-gpu", *args, "--", sys.executable, "-c",
+         holder_code], env=env, stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        cwd=str(ROOT))
+    try:
+        assert holder.stdout is not None
+        assert holder.stdout.readline().strip() == "READY", \
+            holder.communicate(timeout=60)[1][-3000:]
+        # The second can hold a small array but not 100 MiB more.
+        second = fake_run(
+            "import json, jax, jax.numpy as jnp\n"
+            "x = jnp.ones(1024); x.block_until_ready()\n"
+            "try:\n"
+            "    y = jnp.ones((100 << 20) // 4, jnp.float32)\n"
+            "    y.block_until_ready()\n"
+            "    err = ''\n"
+            "except Exception as e:\n"
+            "    err = str(e)\n"
+            "print('RESULT ' + json.dumps({'error': err}))",
+            args=args, timeout=TIMEOUT)
+        assert second.returncode == 0, second.stderr[-3000:]
+        line = [l for l in second.stdout.splitlines()
+                if l.startswith("RESULT ")][-1]
+        error = json.loads(line[len("RESULT "):])["error"]
+        assert "RESOURCE_EXHAUSTED" in error, error
+    finally:
+        holder.kill()
+        holder.communicate(timeout=60)
+        shm = Path(f"/dev/shm/jaxlake-fakegpu-{os.getuid()}-{name}")
+        if shm.exists():
+            shm.unlink()

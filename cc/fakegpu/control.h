@@ -77,6 +77,13 @@ unsigned long long jaxlake_fakegpu_vmm_reserved(void);
 void jaxlake_fakegpu_vmm_live(unsigned long long* handles,
                               unsigned long long* mappings);
 
+/* With shared device memory (JAXLAKE_FAKEGPU_SHARED): each process's
+ * bytes on `device`, up to `max` of them in pids and used; returns the
+ * number of processes with a slot, or -1 when the memory is not shared.
+ * Defined in driver.cc. */
+int jaxlake_fakegpu_shared_usage(int device, int* pids,
+                                 unsigned long long* used, int max);
+
 #ifdef __cplusplus
 }  /* extern "C" */
 #endif

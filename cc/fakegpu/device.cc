@@ -109,6 +109,10 @@ extern "C" {
 FAKE cuInit(unsigned int flags) {
   ENTER();
   if (flags != 0) return CUDA_ERROR_INVALID_VALUE;
+  // Shared device memory (JAXLAKE_FAKEGPU_SHARED) that cannot be had: no
+  // device, as a driver that cannot reach its GPU answers (shared.cc said
+  // why on stderr).
+  if (fg::SharedError() != nullptr) return CUDA_ERROR_NO_DEVICE;
   Driver& d = D();
   std::lock_guard<std::mutex> lock(d.mu);
   d.initialized = true;
@@ -363,6 +367,7 @@ FAKE cuCtxSynchronize() {
   if (CUresult r = NeedContext(&dev); r != CUDA_SUCCESS) return r;
   if (CUresult r = CheckUnsafe(); r != CUDA_SUCCESS) return r;
   for (fg::Stream* s : fg::StreamsOf(dev)) s->Synchronize();
+  TrimPools();
   return Sticky(dev);
 }
 

@@ -26,6 +26,8 @@ Driver& D() {
     p->pool_used.assign(n, 0);
     p->pool_high.assign(n, 0);
     p->release_threshold.assign(n, 0);
+    p->pool_cached.assign(n, 0);
+    p->pool_reserved_high.assign(n, 0);
     return p;
   }();
   return *d;
@@ -162,6 +164,17 @@ FAKE cuGetExportTable(const void** table, const CUuuid*) {
   if (table != nullptr) *table = nullptr;
   return fg::Unsupported("driver", "cuGetExportTable",
                          CUDA_ERROR_NOT_SUPPORTED);
+}
+
+// ---- figures for the tests (cc/fakegpu/control.h) -------------------------
+
+// With shared device memory (JAXLAKE_FAKEGPU_SHARED): each process's bytes
+// on `device`, up to `max` of them in pids and used; returns the number of
+// processes with a slot (those that created device memory since they
+// started), or -1 when the memory is not shared.
+__attribute__((visibility("default"))) int jaxlake_fakegpu_shared_usage(
+    int device, int* pids, unsigned long long* used, int max) {
+  return fg::SharedUsage(device, pids, used, max);
 }
 
 }  // extern "C"

@@ -75,6 +75,10 @@ struct Driver {
   std::unordered_map<cuda::CUdeviceptr, Alloc> allocs;  // cuMemAlloc, pools
   std::unordered_map<std::uintptr_t, std::size_t> host_allocs;
   std::vector<std::uint64_t> pool_used, pool_high, release_threshold;
+  // The default pools' memory freed back to them and kept (still charged to
+  // the device) until a synchronisation trims it to the release threshold;
+  // their reserved bytes are pool_used + pool_cached (TrimPools()).
+  std::vector<std::uint64_t> pool_cached, pool_reserved_high;
   // modules and kernels
   struct Module {
     std::map<std::string, std::size_t> symbols;  // from the image's ELF
@@ -118,6 +122,14 @@ inline int DeviceOfPool(CUmemoryPool pool) {
              ? static_cast<int>(v - kPoolBase)
              : -1;
 }
+
+// A stream, event or context synchronisation (memory.cc): each default
+// pool that reserves more than its release threshold gives its kept memory
+// back to the device down to that threshold, as the driver documents it.
+void TrimPools();
+// Gives `dev`'s kept pool memory back until its pool reserves at most
+// `keep` bytes or keeps nothing (cuMemPoolTrimTo).
+void TrimPool(int dev, std::uint64_t keep);
 
 // The VMM mapping that holds `p` (memory.cc): false when `p` lies in no
 // mapping; else *base, *out are that mapping.

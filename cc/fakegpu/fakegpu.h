@@ -67,6 +67,10 @@ struct Options {
   // JAXLAKE_FAKEGPU_STATS: a file the call counts are written to at exit
   // (JSON).
   std::string stats;
+  // JAXLAKE_FAKEGPU_SHARED: the name of the device memory accounting shared
+  // with every process that gives the same name (shared.cc); empty: this
+  // process's own.
+  std::string shared;
 };
 const Options& Opts();
 // False for a device JAXLAKE_FAKEGPU_NO_VMM names.
@@ -108,6 +112,18 @@ bool FindRange(std::uintptr_t p, Range* out);
 bool Charge(int device, std::size_t n);
 void Uncharge(int device, std::size_t n);
 std::size_t Used(int device);
+
+// The accounting shared across processes (shared.cc), which Charge,
+// Uncharge and Used use when JAXLAKE_FAKEGPU_SHARED names a segment.
+// SharedError: why that segment cannot be used (then cuInit fails), or
+// null. SharedUsage: each process's bytes on `device` (up to `max` of
+// them), and the number of processes holding a slot; -1 when not shared.
+bool SharedMode();
+const char* SharedError();
+bool SharedCharge(int device, std::size_t n);
+void SharedUncharge(int device, std::size_t n);
+std::size_t SharedUsed(int device);
+int SharedUsage(int device, int* pids, unsigned long long* used, int max);
 
 // Anonymous, lazily backed memory (only touched pages cost), and its
 // release.

@@ -268,6 +268,34 @@ bool FindMapping(CUdeviceptr p, CUdeviceptr* base, Driver::Mapping* out) {
   *out = it->second;
   return true;
 }
+
+// Gives `dev`'s kept pool memory back to the device until the pool
+// reserves no more than `keep` (or keeps nothing).
+void TrimPool(int dev, std::uint64_t keep) {
+  std::uint64_t release = 0;
+  {
+    Driver& d = D();
+    std::lock_guard<std::mutex> lock(d.mu);
+    const std::uint64_t reserved = d.pool_used[dev] + d.pool_cached[dev];
+    if (reserved <= keep) return;
+    release = std::min(d.pool_cached[dev], reserved - keep);
+    d.pool_cached[dev] -= release;
+  }
+  fg::Uncharge(dev, release);
+}
+
+void TrimPools() {
+  for (int dev = 0; dev < Count(); ++dev) {
+    std::uint64_t threshold = 0;
+    {
+      Driver& d = D();
+      std::lock_guard<std::mutex> lock(d.mu);
+      threshold = d.release_threshold[dev];
+    }
+    TrimPool(dev, threshold);
+  }
+}
+
 }  // namespace jaxlake::fakegpu::driver
 
 extern "C" {
@@ -526,10 +554,29 @@ namespace {
 // `pool`): charged to the device, mapped lazily, and recorded.
 CUresult NewAllocation(int dev, std::size_t bytes, bool pool,
                        CUdeviceptr* dptr) {
-  if (!fg::Charge(dev, bytes)) return CUDA_ERROR_OUT_OF_MEMORY;
+  // A pool allocation first takes the memory its pool kept (PoolFree), and
+  // charges the device only for the rest.
+  std::size_t kept = 0;
+  if (pool) {
+    Driver& d = D();
+    std::lock_guard<std::mutex> lock(d.mu);
+    kept = std::min<std::size_t>(bytes, d.pool_cached[dev]);
+    d.pool_cached[dev] -= kept;
+  }
+  const auto give_back = [&] {
+    if (kept == 0) return;
+    Driver& d = D();
+    std::lock_guard<std::mutex> lock(d.mu);
+    d.pool_cached[dev] += kept;
+  };
+  if (!fg::Charge(dev, bytes - kept)) {
+    give_back();
+    return CUDA_ERROR_OUT_OF_MEMORY;
+  }
   void* p = fg::MapAnonymous(bytes);
   if (p == nullptr) {
-    fg::Uncharge(dev, bytes);
+    fg::Uncharge(dev, bytes - kept);
+    give_back();
     return CUDA_ERROR_OUT_OF_MEMORY;
   }
   const auto v = reinterpret_cast<CUdeviceptr>(p);
@@ -540,6 +587,8 @@ CUresult NewAllocation(int dev, std::size_t bytes, bool pool,
   if (pool) {
     d.pool_used[dev] += bytes;
     d.pool_high[dev] = std::max(d.pool_high[dev], d.pool_used[dev]);
+    d.pool_reserved_high[dev] = std::max(
+        d.pool_reserved_high[dev], d.pool_used[dev] + d.pool_cached[dev]);
   }
   *dptr = v;
   return CUDA_SUCCESS;
@@ -883,10 +932,13 @@ CUresult PoolFree(CUdeviceptr dptr, CUstream stream) {
     d.pool_used[a.device] -= a.size;
   }
   fg::RemoveRange(dptr);
-  // The memory goes back once the stream's work before the free has run.
+  // The memory goes back to the pool once the stream's work before the free
+  // has run; the pool keeps it (charged) until a synchronisation trims it.
   s->Enqueue([dptr, a] {
     fg::UnmapAnonymous(reinterpret_cast<void*>(dptr), a.size);
-    fg::Uncharge(a.device, a.size);
+    Driver& d = D();
+    std::lock_guard<std::mutex> lock(d.mu);
+    d.pool_cached[a.device] += a.size;
   });
   return CUDA_SUCCESS;
 }
@@ -934,10 +986,14 @@ FAKE cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void* value) {
       *out = d.release_threshold[dev];
       return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+      *out = d.pool_used[dev] + d.pool_cached[dev];
+      return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
       *out = d.pool_used[dev];
       return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+      *out = d.pool_reserved_high[dev];
+      return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
       *out = d.pool_high[dev];
       return CUDA_SUCCESS;
@@ -961,6 +1017,8 @@ FAKE cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void* value) {
       d.release_threshold[dev] = *static_cast<const cuuint64_t*>(value);
       return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+      d.pool_reserved_high[dev] = d.pool_used[dev] + d.pool_cached[dev];
+      return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
       d.pool_high[dev] = d.pool_used[dev];
       return CUDA_SUCCESS;
@@ -969,9 +1027,12 @@ FAKE cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void* value) {
   }
 }
 
-FAKE cuMemPoolTrimTo(CUmemoryPool pool, std::size_t /*keep*/) {
+FAKE cuMemPoolTrimTo(CUmemoryPool pool, std::size_t keep) {
   ENTER();
-  return DeviceOfPool(pool) < 0 ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS;
+  const int dev = DeviceOfPool(pool);
+  if (dev < 0) return CUDA_ERROR_INVALID_VALUE;
+  TrimPool(dev, keep);
+  return CUDA_SUCCESS;
 }
 
 FAKE cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* desc,

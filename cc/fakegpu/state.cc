@@ -118,6 +118,7 @@ Options ReadOptions() {
   const std::string log = Env("JAXLAKE_FAKEGPU_LOG");
   if (!log.empty()) o.log = log;
   o.stats = Env("JAXLAKE_FAKEGPU_STATS");
+  o.shared = Env("JAXLAKE_FAKEGPU_SHARED");
   return o;
 }
 
@@ -344,6 +345,7 @@ bool FindRange(std::uintptr_t p, Range* out) {
 }
 
 bool Charge(int device, std::size_t n) {
+  if (SharedMode()) return SharedCharge(device, n);
   Memory& m = M();
   std::lock_guard<std::mutex> lock(m.mu);
   if (device < 0 || device >= Opts().count) return false;
@@ -353,6 +355,7 @@ bool Charge(int device, std::size_t n) {
 }
 
 void Uncharge(int device, std::size_t n) {
+  if (SharedMode()) return SharedUncharge(device, n);
   Memory& m = M();
   std::lock_guard<std::mutex> lock(m.mu);
   if (device < 0 || device >= Opts().count) return;
@@ -360,6 +363,7 @@ void Uncharge(int device, std::size_t n) {
 }
 
 std::size_t Used(int device) {
+  if (SharedMode()) return SharedUsed(device);
   Memory& m = M();
   std::lock_guard<std::mutex> lock(m.mu);
   return device >= 0 && device < Opts().count ? m.used[device] : 0;

@@ -51,6 +51,7 @@ FAKE cuStreamSynchronize(CUstream stream) {
   if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
   if (CUresult r = CheckSync(stream); r != CUDA_SUCCESS) return r;
   s->Synchronize();
+  TrimPools();
   return Sticky(s->device());
 }
 
@@ -244,6 +245,8 @@ FAKE cuEventSynchronize(CUevent event) {
   std::unique_lock<std::mutex> lock(e->mu);
   const std::uint64_t target = e->recorded;
   e->cv.wait(lock, [&] { return e->completed >= target; });
+  lock.unlock();
+  TrimPools();
   return Sticky(fg::CurrentDevice());
 }
 

@@ -179,6 +179,7 @@ OTHER_VARIABLES: Tuple[str, ...] = (
     "JAXLAKE_FAKEGPU_FAIL",
     "JAXLAKE_FAKEGPU_LOG",
     "JAXLAKE_FAKEGPU_STATS",
+    "JAXLAKE_FAKEGPU_SHARED",
     "JAXLAKE_FAKEGPU_LIBS",       # the fake's loader guard (fakegpu.py)
     "JAXLAKE_FAKEGPU_LOADS",
 )

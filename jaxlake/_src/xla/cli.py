@@ -52,6 +52,15 @@ def register(commands: Any) -> None:
     run.add_argument("--fake-gpu-memory", metavar="SIZE",
                      help="memory of each fake device (default: the "
                           "model's, 80GiB or 141GiB)")
+    run.add_argument("--fake-gpu-shared", metavar="NAME",
+                     help="with --fake-gpu: the fake devices' memory "
+                          "accounting is shared with every other process "
+                          "run with the same NAME (POSIX shared memory), "
+                          "as processes sharing one GPU see it: free "
+                          "memory and out-of-memory count every process's "
+                          "bytes; each process's memory contents stay its "
+                          "own. Every process must give the same model, "
+                          "count and memory")
     run.add_argument("--no-lake", action="store_true",
                      help="with --fake-gpu: leave the lake out and run on "
                           "XLA's own allocator as the program's settings "
@@ -152,13 +161,19 @@ def _run(args: argparse.Namespace) -> int:
                 dict(os.environ), fakegpu.parse_model(args.fake_gpu or "h100"),
                 fakegpu.parse_count(args.fake_gpu_count),
                 fakegpu.parse_memory(args.fake_gpu_memory)
-                if args.fake_gpu_memory is not None else None)
+                if args.fake_gpu_memory is not None else None,
+                shared=fakegpu.parse_shared(args.fake_gpu_shared)
+                if args.fake_gpu_shared is not None else None)
         except ConfigurationError as error:
             # Without the fake there is no GPU to run on: never run anyway.
             print(f"jaxlake run: error: {error}", file=sys.stderr)
             return 1
     elif args.fake_gpu_count != "1":
         print("jaxlake run: --fake-gpu-count needs --fake-gpu",
+              file=sys.stderr)
+        return 2
+    elif args.fake_gpu_shared is not None:
+        print("jaxlake run: --fake-gpu-shared needs --fake-gpu",
               file=sys.stderr)
         return 2
     if args.no_lake:

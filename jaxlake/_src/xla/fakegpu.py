@@ -38,6 +38,9 @@ MODEL_ENV = "JAXLAKE_FAKEGPU_MODEL"
 COUNT_ENV = "JAXLAKE_FAKEGPU_COUNT"
 MEMORY_ENV = "JAXLAKE_FAKEGPU_MEMORY"
 CUDA_ENV = "JAXLAKE_FAKEGPU_CUDA"
+#: The name of device memory accounting shared across processes
+#: (cc/fakegpu/shared.cc), set by --fake-gpu-shared.
+SHARED_ENV = "JAXLAKE_FAKEGPU_SHARED"
 #: The folder of links, for the loader guard (interpose_path()).
 LIBS_ENV = "JAXLAKE_FAKEGPU_LIBS"
 #: A file the loader guard appends each routed load to, when set:
@@ -112,6 +115,18 @@ def parse_memory(value: str) -> int:
     return n
 
 
+def parse_shared(value: str) -> str:
+    """A name for --fake-gpu-shared: 1 to 200 letters, digits, '_', '-',
+    '.' (it names a POSIX shared memory segment)."""
+    ok = 1 <= len(value) <= 200 and all(
+        c.isascii() and (c.isalnum() or c in "_-.") for c in value)
+    if not ok:
+        raise ConfigurationError(
+            f"--fake-gpu-shared={value!r}: give a name of 1 to 200 "
+            "letters, digits, '_', '-' and '.'")
+    return value
+
+
 def nvidia_wheels() -> List[str]:
     """NVIDIA's CUDA wheels installed here (module names)."""
     found = []
@@ -163,9 +178,12 @@ def library_dir(fake: str, shim: str) -> str:
 
 
 def environment(environ: Dict[str, str], model: str, count: int,
-                memory: Optional[int]) -> Tuple[Dict[str, str], str]:
+                memory: Optional[int], shared: Optional[str] = None
+                ) -> Tuple[Dict[str, str], str]:
     """The variables that put the fake GPU under a program, and the notice
-    said once on stderr. Raises ConfigurationError when it cannot run."""
+    said once on stderr; `shared`: the name of device memory accounting
+    shared with other processes. Raises ConfigurationError when it cannot
+    run."""
     fake = library_path()
     shim = _shim.shim_path()
     if not os.path.isfile(fake):
@@ -206,6 +224,12 @@ def environment(environ: Dict[str, str], model: str, count: int,
     env["LD_PRELOAD"] = guard + (" " + preload if preload else "")
     notice = NOTICE.format(count=count, name=MODELS[model][0],
                            memory=_options.format_bytes(nbytes))
+    if shared is not None:
+        env[SHARED_ENV] = shared
+        notice += (f"jaxlake run: fake GPU: device memory shared by every "
+                   f"process run with --fake-gpu-shared {shared} (the "
+                   "accounting only; each process's contents are its "
+                   "own)\n")
     notice += env.pop("JAXLAKE_FAKEGPU_NOTE", "")
     return env, notice
 
