@@ -27,6 +27,7 @@ Driver& D() {
     p->pool_high.assign(n, 0);
     p->release_threshold.assign(n, 0);
     p->pool_cached.assign(n, 0);
+    p->pool_freeing.assign(n, 0);
     p->pool_reserved_high.assign(n, 0);
     return p;
   }();

@@ -79,6 +79,9 @@ struct Driver {
   // the device) until a synchronisation trims it to the release threshold;
   // their reserved bytes are pool_used + pool_cached (TrimPools()).
   std::vector<std::uint64_t> pool_cached, pool_reserved_high;
+  // Bytes freed to the pool whose free has not yet run on its stream:
+  // still reserved, not yet reusable.
+  std::vector<std::uint64_t> pool_freeing;
   // modules and kernels
   struct Module {
     std::map<std::string, std::size_t> symbols;  // from the image's ELF

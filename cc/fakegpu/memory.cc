@@ -276,7 +276,8 @@ void TrimPool(int dev, std::uint64_t keep) {
   {
     Driver& d = D();
     std::lock_guard<std::mutex> lock(d.mu);
-    const std::uint64_t reserved = d.pool_used[dev] + d.pool_cached[dev];
+    const std::uint64_t reserved =
+        d.pool_used[dev] + d.pool_freeing[dev] + d.pool_cached[dev];
     if (reserved <= keep) return;
     release = std::min(d.pool_cached[dev], reserved - keep);
     d.pool_cached[dev] -= release;
@@ -588,7 +589,8 @@ CUresult NewAllocation(int dev, std::size_t bytes, bool pool,
     d.pool_used[dev] += bytes;
     d.pool_high[dev] = std::max(d.pool_high[dev], d.pool_used[dev]);
     d.pool_reserved_high[dev] = std::max(
-        d.pool_reserved_high[dev], d.pool_used[dev] + d.pool_cached[dev]);
+        d.pool_reserved_high[dev],
+        d.pool_used[dev] + d.pool_freeing[dev] + d.pool_cached[dev]);
   }
   *dptr = v;
   return CUDA_SUCCESS;
@@ -930,6 +932,7 @@ CUresult PoolFree(CUdeviceptr dptr, CUstream stream) {
     a = it->second;
     d.allocs.erase(it);
     d.pool_used[a.device] -= a.size;
+    d.pool_freeing[a.device] += a.size;
   }
   fg::RemoveRange(dptr);
   // The memory goes back to the pool once the stream's work before the free
@@ -938,6 +941,7 @@ CUresult PoolFree(CUdeviceptr dptr, CUstream stream) {
     fg::UnmapAnonymous(reinterpret_cast<void*>(dptr), a.size);
     Driver& d = D();
     std::lock_guard<std::mutex> lock(d.mu);
+    d.pool_freeing[a.device] -= a.size;
     d.pool_cached[a.device] += a.size;
   });
   return CUDA_SUCCESS;
@@ -986,7 +990,7 @@ FAKE cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void* value) {
       *out = d.release_threshold[dev];
       return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
-      *out = d.pool_used[dev] + d.pool_cached[dev];
+      *out = d.pool_used[dev] + d.pool_freeing[dev] + d.pool_cached[dev];
       return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
       *out = d.pool_used[dev];
@@ -1017,7 +1021,8 @@ FAKE cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void* value) {
       d.release_threshold[dev] = *static_cast<const cuuint64_t*>(value);
       return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
-      d.pool_reserved_high[dev] = d.pool_used[dev] + d.pool_cached[dev];
+      d.pool_reserved_high[dev] =
+          d.pool_used[dev] + d.pool_freeing[dev] + d.pool_cached[dev];
       return CUDA_SUCCESS;
     case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
       d.pool_high[dev] = d.pool_used[dev];
