@@ -160,6 +160,15 @@ def built() -> Setup:
     return setup
 
 
+@pytest.fixture(scope="session")
+def fake_driver(built: Setup) -> str:
+    """Path of the fake CUDA driver (tests/shim/fake_cuda.cc) that the C++
+    test build makes; the shim tests point JAXLAKE_REAL_LIBCUDA at it."""
+    path = built.build / "jaxlake_fakecuda" / "libfakecuda.so"
+    assert path.is_file(), f"the C++ build made no {path}"
+    return str(path)
+
+
 @pytest.fixture
 def run_ctest(built: Setup) -> Callable[[str], None]:
     """Runs one ctest test of the build; fails with its output."""

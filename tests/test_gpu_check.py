@@ -37,13 +37,6 @@ def _env() -> dict:
     return env
 
 
-@pytest.fixture(scope="module")
-def fake_driver(built: Any) -> str:
-    path = built.build / "jaxlake_fakecuda" / "libfakecuda.so"
-    assert path.is_file(), f"the C++ build made no {path}"
-    return str(path)
-
-
 @pytest.mark.skipif(HAS_GPU, reason="this machine has nvidia-smi")
 def test_check_sh_says_no_gpu(tmp_path: pathlib.Path) -> None:
     result = subprocess.run(["bash", str(GPU / "check.sh")],

@@ -8,7 +8,7 @@ import subprocess
 import sys
 import textwrap
 import warnings
-from typing import Any, Dict
+from typing import Dict
 
 import pytest
 
@@ -218,14 +218,6 @@ def _shim_python(code: str, env: Dict[str, str]) -> str:
                             timeout=180, cwd="/")
     assert result.returncode == 0, result.stdout + result.stderr
     return result.stdout
-
-
-@pytest.fixture(scope="module")
-def fake_driver(built: Any) -> str:
-    """The fake CUDA driver the C++ test build makes."""
-    path = built.build / "jaxlake_fakecuda" / "libfakecuda.so"
-    assert path.is_file(), f"the C++ build made no {path}"
-    return str(path)
 
 
 def _shim_missing() -> bool:
