@@ -118,6 +118,19 @@ def test_configure_twice_with_other_options_raises(fake_driver: str) -> None:
     assert "RAISED jaxlake.configure() was already called" in result.stdout
 
 
+def _jaxlake_run_at_1gib(code: str, fake_driver: str
+                         ) -> "subprocess.CompletedProcess[str]":
+    """Runs `code` under `jaxlake run` over the fake driver, with
+    XLA_FLAGS=--jaxlake_capacity=1GiB."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXLAKE")}
+    env.update({"JAXLAKE_REAL_LIBCUDA": fake_driver, "JAX_PLATFORMS": "cpu",
+                "XLA_FLAGS": "--jaxlake_capacity=1GiB"})
+    return subprocess.run(
+        [sys.executable, "-m", "jaxlake", "run", "--", sys.executable, "-c",
+         code], env=env, capture_output=True, text=True, timeout=120,
+        cwd="/")
+
+
 @pytest.mark.skipif(not os.path.isfile(xla.shim_path()),
                     reason="this build of jaxlake has no CUDA shim")
 def test_jaxlake_run_preloads_the_shim(fake_driver: str) -> None:
@@ -125,13 +138,7 @@ def test_jaxlake_run_preloads_the_shim(fake_driver: str) -> None:
             "print('SHIM', hasattr(cuda, 'jaxlake_shim_api_version')); "
             "print('ALLOC', os.environ['XLA_PYTHON_CLIENT_ALLOCATOR']); "
             "print('CAP', os.environ['JAXLAKE_CAPACITY'])")
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXLAKE")}
-    env.update({"JAXLAKE_REAL_LIBCUDA": fake_driver, "JAX_PLATFORMS": "cpu",
-                "XLA_FLAGS": "--jaxlake_capacity=1GiB"})
-    result = subprocess.run(
-        [sys.executable, "-m", "jaxlake", "run", "--", sys.executable, "-c",
-         code], env=env, capture_output=True, text=True, timeout=120,
-        cwd="/")
+    result = _jaxlake_run_at_1gib(code, fake_driver)
     assert result.returncode == 0, result.stderr
     assert "SHIM True" in result.stdout
     assert "ALLOC cuda_async" in result.stdout
@@ -303,13 +310,7 @@ def test_configure_under_jaxlake_run_with_other_options_raises(
             print("RAISED", e)
         print("SAME", jaxlake.configure().active)
     """)
-    env = {k: v for k, v in os.environ.items() if not k.startswith("JAXLAKE")}
-    env.update({"JAXLAKE_REAL_LIBCUDA": fake_driver, "JAX_PLATFORMS": "cpu",
-                "XLA_FLAGS": "--jaxlake_capacity=1GiB"})
-    result = subprocess.run(
-        [sys.executable, "-m", "jaxlake", "run", "--", sys.executable, "-c",
-         code], env=env, capture_output=True, text=True, timeout=120,
-        cwd="/")
+    result = _jaxlake_run_at_1gib(code, fake_driver)
     assert "RAISED jaxlake.configure() was already called" in result.stdout, \
         result.stdout + result.stderr
     assert "SAME True" in result.stdout
