@@ -35,7 +35,7 @@ echo
 # `pip check`'s view: the lowest set is consistent.
 "$VENV/bin/python" -m pip check
 "$VENV/bin/pytest" -q -p no:cacheprovider tests/test_recorder.py \
-  tests/test_xla.py \
+  tests/test_xla.py tests/test_xla_fake_driver.py tests/test_xla_symbols.py \
   tests/test_fake_gpu.py::test_devices_round_trip_and_jit_output_from_the_lake \
   tests/test_fake_gpu.py::test_train_lm_tiny_every_pool_buffer_served \
   tests/test_examples.py::test_lora_finetune \

@@ -46,7 +46,8 @@ grep -iE '^(jax|jaxlib|jax-cuda1[23]-(plugin|pjrt)|flax|optax|orbax-checkpoint)=
 # jax.distributed, the recorder's compile): the argument-error, --help and
 # other-layout tests run the same code paths on every version, and the
 # default pass runs them.
-"$VENV/bin/pytest" -q tests/test_xla.py tests/test_recorder.py \
+"$VENV/bin/pytest" -q tests/test_xla.py tests/test_xla_fake_driver.py \
+  tests/test_xla_symbols.py tests/test_recorder.py \
   tests/test_api.py tests/test_fake_gpu.py \
   tests/test_examples.py::test_examples_start_quietly \
   tests/test_examples.py::test_train_lm_loss_falls \

@@ -151,7 +151,7 @@ def check_args(p: argparse.ArgumentParser, args: argparse.Namespace) -> None:
     for flag, path in (("--trace", args.trace),
                        ("--log-json", args.log_json)):
         if path:
-            _lm._writable(p, flag, path)
+            _lm.writable(p, flag, path)
 
 
 # -- requests ----------------------------------------------------------------

@@ -12,8 +12,8 @@ read both sides, without running either tool, and fail when they differ:
   compile (generated files aside);
 - every .cc file under cc/ (but cc/python/, which only the Python module
   uses) is in one of those lists, and Bazel compiles no other file of cc/;
-- the shim's hooked entry points, which both builds pass to the trampoline
-  generator, are the same list;
+- both builds hand the trampoline generator the one list of the shim's
+  hooked entry points, cc/shim/hooked.inc, and neither keeps a copy;
 - each CMake C++ test whose source exists (jaxlake_test_sources, or an
   add_test() of an add_executable()) is a Bazel cc_test (or, for a
   benchmark, a cc_binary) of the same name and source in the package of its
@@ -454,15 +454,15 @@ def _cmake_set(name: str) -> List[str]:
     raise KeyError(name)
 
 
-def test_shim_hooked_entry_points_agree() -> None:
-    shim = BAZEL.values.get("cc/shim", {})
-    if "HOOKED" not in shim:
-        pytest.skip("cc/shim/BUILD defines no HOOKED list")
-    try:
-        cmake = _cmake_set("jaxlake_shim_hooked")
-    except KeyError:
-        pytest.fail("cc/shim/BUILD has HOOKED but no CMake file sets jaxlake_shim_hooked")
-    assert sorted(shim["HOOKED"]) == sorted(cmake), (
-        f"HOOKED in cc/shim/BUILD {sorted(shim['HOOKED'])} differs from "
-        f"jaxlake_shim_hooked in CMake {sorted(cmake)}"
+def test_shim_hooked_entry_points_come_from_one_file() -> None:
+    hooked = "cc/shim/hooked.inc"
+    genrule = BAZEL.find("//cc/shim:cuda_forward")
+    assert hooked in genrule.files("srcs") and "-DHOOKED=$(location hooked.inc)" in genrule.attrs["cmd"], (
+        f"the Bazel genrule //cc/shim:cuda_forward must pass {hooked} to the generator as -DHOOKED"
     )
+    assert _cmake_set("jaxlake_shim_hooked") == ["${PROJECT_SOURCE_DIR}/" + hooked], (
+        f"cc/shim/shim.cmake must set jaxlake_shim_hooked to {hooked}, the one list"
+    )
+    shim = BAZEL.values.get("cc/shim", {})
+    copies = [k for k, v in shim.items() if isinstance(v, (list, tuple)) and "cuMemAllocFromPoolAsync" in v]
+    assert not copies, f"cc/shim/BUILD keeps its own list of hooked names: {copies}; read {hooked}"

@@ -64,41 +64,13 @@
 
 namespace jaxlake {
 
+// The lake's options: one field per row of options.inc (type, name, default
+// and meaning are there).
 struct LakeOptions {
-  // Physical bytes the lake may hold; 0 means the driver's total memory.
-  std::size_t capacity = 0;
-  // Requests of at most this many bytes use a small-request pool of
-  // per-stream slabs; 0 (the default): no request does, all share the
-  // alignment-granular blocks (docs/design.md, "One pool").
-  std::size_t small_limit = 0;
-  // Bytes of one small-pool slab; 0 means one granule.
-  std::size_t small_slab = 0;
-  // Alignment of every returned address (a power of two, >= 256).
-  std::size_t alignment = 256;
-  // Allow serving a request by stitching free blocks.
-  bool stitch = true;
-  // Requests below this size never stitch (GMLake's frag_limit). 0: any size.
-  std::size_t stitch_min = 0;
-  // Allow a stitch to create the shortfall as a new segment.
-  bool stitch_grow = true;
-  // Most pieces (map calls) one stitched range may have. 0: no limit.
-  std::size_t max_pieces = 0;
-  // Stitched ranges kept mapped for reuse once freed.
-  std::size_t stitch_cache = 64;
-  // A segment made to grow the lake holds at least this many bytes (whole
-  // granules, cut to the capacity left, never below the request's need);
-  // 0 (the default): the request's chunks, and at least 1/16 of what the
-  // lake holds. Measured in docs/benchmarks.md ("Growth step").
-  std::size_t grow_min = 0;
-  // Take the whole capacity as one segment at the first growth (JAX's
-  // default preallocation, for a device the program has to itself): the
-  // least driver time, placement in one contiguous range, and the highest
-  // fit capacity on the measured traces, but the memory is held from the
-  // start (docs/design.md, "Preallocation"). A creation the driver refuses
-  // for lack of memory falls back to growth on demand.
-  bool preallocate = false;
-  // Keep an in-memory trace of allocate/free events.
-  bool record_trace = false;
+#define JAXLAKE_LAKE_OPTION(type, field, default_value, help) \
+  type field = default_value;
+#include "cc/lake/options.inc"
+#undef JAXLAKE_LAKE_OPTION
 };
 
 // How an allocation was served. Order matches the policy above.

@@ -282,20 +282,13 @@ NB_MODULE(_core, m) {
   m.def("backend_defaults", &BackendDefaults, "backend"_a,
         "(granularity, device_memory) a backend uses by default.");
 
-  nb::class_<LakeOptions>(m, "LakeOptions", "The C++ LakeOptions struct.")
-      .def(nb::init<>())
-      .def_rw("capacity", &LakeOptions::capacity)
-      .def_rw("small_limit", &LakeOptions::small_limit)
-      .def_rw("small_slab", &LakeOptions::small_slab)
-      .def_rw("alignment", &LakeOptions::alignment)
-      .def_rw("stitch", &LakeOptions::stitch)
-      .def_rw("stitch_min", &LakeOptions::stitch_min)
-      .def_rw("stitch_grow", &LakeOptions::stitch_grow)
-      .def_rw("max_pieces", &LakeOptions::max_pieces)
-      .def_rw("stitch_cache", &LakeOptions::stitch_cache)
-      .def_rw("grow_min", &LakeOptions::grow_min)
-      .def_rw("preallocate", &LakeOptions::preallocate)
-      .def_rw("record_trace", &LakeOptions::record_trace);
+  nb::class_<LakeOptions> lake_options(m, "LakeOptions",
+                                       "The C++ LakeOptions struct.");
+  lake_options.def(nb::init<>());
+#define JAXLAKE_LAKE_OPTION(type, field, default_value, help) \
+  lake_options.def_rw(#field, &LakeOptions::field, help);
+#include "cc/lake/options.inc"
+#undef JAXLAKE_LAKE_OPTION
 
   nb::class_<PyLake>(m, "Lake", "A lake over its own driver stack.")
       .def(nb::init<const std::string&, std::size_t, std::size_t,

@@ -50,7 +50,7 @@ PJRT plugins, which hold xla_cuda_plugin.so):
   python3 cc/shim/gen_symbols.py --wheel /tmp/w/jax_cuda12_pjrt-V-*.whl \
       --wheel /tmp/w/jax_cuda13_pjrt-V-*.whl
 
-tests/test_xla.py checks that the list and the built shim cover every
+tests/test_xla_symbols.py checks that the list and the built shim cover every
 table in plugin_symbols/, and the name table of the installed plugin
 (read with plugin_names()).
 

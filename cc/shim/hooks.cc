@@ -72,7 +72,7 @@ using jaxlake::cuda::CUresult;
 using jaxlake::cuda::CUstream;
 using jaxlake::cuda::cuuint64_t;
 
-// The hooked entry points (JAXLAKE_SHIM_HOOKS in lakes.h).
+// The hooked entry points (hooked.inc).
 JAXLAKE_SHIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr,
                                                      std::size_t bytesize,
                                                      CUmemoryPool pool,

@@ -18,11 +18,11 @@ namespace jaxlake::shim {
 
 const char* HookName(Hook h) {
   switch (h) {
-#define JAXLAKE_X(name) \
-  case Hook::name:      \
+#define JAXLAKE_SHIM_HOOK(name) \
+  case Hook::name:              \
     return #name;
-    JAXLAKE_SHIM_HOOKS(JAXLAKE_X)
-#undef JAXLAKE_X
+#include "cc/shim/hooked.inc"
+#undef JAXLAKE_SHIM_HOOK
     case Hook::kCount:
       break;
   }

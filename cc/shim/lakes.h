@@ -31,41 +31,12 @@
 
 namespace jaxlake::shim {
 
-// The hooked entry points, in one list (exports, counters, JSON).
-#define JAXLAKE_SHIM_HOOKS(X)         \
-  X(cuMemAllocFromPoolAsync)          \
-  X(cuMemAllocFromPoolAsync_ptsz)     \
-  X(cuMemFreeAsync)                   \
-  X(cuMemFreeAsync_ptsz)              \
-  X(cuMemPoolGetAttribute)            \
-  X(cuMemPoolTrimTo)                  \
-  X(cuStreamBeginCapture)             \
-  X(cuStreamBeginCapture_ptsz)        \
-  X(cuStreamBeginCapture_v2)          \
-  X(cuStreamBeginCapture_v2_ptsz)     \
-  X(cuStreamBeginCaptureToGraph)      \
-  X(cuStreamBeginCaptureToGraph_ptsz) \
-  X(cuStreamEndCapture)               \
-  X(cuStreamEndCapture_ptsz)          \
-  X(cuGetProcAddress)                 \
-  X(cuGetProcAddress_v2)              \
-  X(cuMemAlloc_v2)                    \
-  X(cuMemAllocPitch_v2)               \
-  X(cuMemAllocManaged)                \
-  X(cuMemAllocAsync)                  \
-  X(cuMemAllocAsync_ptsz)             \
-  X(cuMemFree_v2)                     \
-  X(cuMemCreate)                      \
-  X(cuMemRelease)                     \
-  X(cuMemGetAddressRange_v2)          \
-  X(cuPointerGetAttribute)            \
-  X(cuPointerGetAttributes)
-
+// The hooked entry points (hooked.inc: exports, counters, JSON).
 enum class Hook : int {
-#define JAXLAKE_X(name) name,
-  JAXLAKE_SHIM_HOOKS(JAXLAKE_X)
-#undef JAXLAKE_X
-      kCount
+#define JAXLAKE_SHIM_HOOK(name) name,
+#include "cc/shim/hooked.inc"
+#undef JAXLAKE_SHIM_HOOK
+  kCount
 };
 inline constexpr int kNumHooks = static_cast<int>(Hook::kCount);
 const char* HookName(Hook h);

@@ -1,6 +1,7 @@
 // jaxlake shim: settings read from the environment (see options.h).
 #include "cc/shim/options.h"
 
+#include <cctype>
 #include <cerrno>
 #include <cstdlib>
 #include <cstring>
@@ -10,33 +11,22 @@
 namespace jaxlake::shim {
 namespace {
 
-struct SizeOption {
-  const char* name;  // the LakeOptions field; the variable is JAXLAKE_<NAME>
-  const char* env;
-  std::size_t LakeOptions::*field;
-};
-struct BoolOption {
-  const char* name;
-  const char* env;
-  bool LakeOptions::*field;
-};
+// Calls f(name, &LakeOptions::name) for each lake option (options.inc), in
+// its order; the variable of an option is JAXLAKE_<NAME>.
+template <typename F>
+void ForEachLakeOption(F&& f) {
+#define JAXLAKE_LAKE_OPTION(type, field, default_value, help) \
+  f(#field, &LakeOptions::field);
+#include "cc/lake/options.inc"
+#undef JAXLAKE_LAKE_OPTION
+}
 
-constexpr SizeOption kSizes[] = {
-    {"capacity", "JAXLAKE_CAPACITY", &LakeOptions::capacity},
-    {"small_limit", "JAXLAKE_SMALL_LIMIT", &LakeOptions::small_limit},
-    {"small_slab", "JAXLAKE_SMALL_SLAB", &LakeOptions::small_slab},
-    {"alignment", "JAXLAKE_ALIGNMENT", &LakeOptions::alignment},
-    {"stitch_min", "JAXLAKE_STITCH_MIN", &LakeOptions::stitch_min},
-    {"max_pieces", "JAXLAKE_MAX_PIECES", &LakeOptions::max_pieces},
-    {"stitch_cache", "JAXLAKE_STITCH_CACHE", &LakeOptions::stitch_cache},
-    {"grow_min", "JAXLAKE_GROW_MIN", &LakeOptions::grow_min},
-};
-constexpr BoolOption kBools[] = {
-    {"stitch", "JAXLAKE_STITCH", &LakeOptions::stitch},
-    {"stitch_grow", "JAXLAKE_STITCH_GROW", &LakeOptions::stitch_grow},
-    {"preallocate", "JAXLAKE_PREALLOCATE", &LakeOptions::preallocate},
-    {"record_trace", "JAXLAKE_RECORD_TRACE", &LakeOptions::record_trace},
-};
+std::string EnvName(const char* name) {
+  std::string env = "JAXLAKE_";
+  for (const char* p = name; *p != '\0'; ++p)
+    env += static_cast<char>(std::toupper(static_cast<unsigned char>(*p)));
+  return env;
+}
 
 // The variable's value, or nullptr when unset or empty.
 const char* Env(const char* name) {
@@ -69,6 +59,21 @@ std::string Malformed(const char* env, const char* value, const char* what) {
   return std::string(env) + "='" + value + "' is not " + what;
 }
 
+// A lake option's value from the environment, parsed by its type.
+std::string ReadLakeOption(const std::string& env, std::size_t* out) {
+  const char* v = Env(env.c_str());
+  if (v == nullptr || ParseSize(v, out)) return {};
+  return Malformed(env.c_str(), v, "a number of bytes (decimal digits)");
+}
+std::string ReadLakeOption(const std::string& env, bool* out) {
+  const char* v = Env(env.c_str());
+  if (v == nullptr || ParseBool(v, out)) return {};
+  return Malformed(env.c_str(), v, "0 or 1");
+}
+
+std::string JsonValue(std::size_t v) { return std::to_string(v); }
+std::string JsonValue(bool v) { return JsonBool(v); }
+
 }  // namespace
 
 std::string ReadOptions(ShimOptions* out) {
@@ -76,19 +81,13 @@ std::string ReadOptions(ShimOptions* out) {
   // With a fraction, JAXLAKE_CAPACITY is not read (the Python side keeps
   // the fraction there as text for a child process's own configure()).
   const bool fraction = Env("JAXLAKE_CAPACITY_FRACTION") != nullptr;
-  for (const SizeOption& s : kSizes) {
-    if (fraction && s.field == &LakeOptions::capacity) continue;
-    if (const char* v = Env(s.env)) {
-      if (!ParseSize(v, &(o.lake.*s.field)))
-        return Malformed(s.env, v, "a number of bytes (decimal digits)");
-    }
-  }
-  for (const BoolOption& b : kBools) {
-    if (const char* v = Env(b.env)) {
-      if (!ParseBool(v, &(o.lake.*b.field)))
-        return Malformed(b.env, v, "0 or 1");
-    }
-  }
+  std::string error;
+  ForEachLakeOption([&](const char* name, auto field) {
+    if (!error.empty() || (fraction && std::strcmp(name, "capacity") == 0))
+      return;
+    error = ReadLakeOption(EnvName(name), &(o.lake.*field));
+  });
+  if (!error.empty()) return error;
   if (const char* v = Env("JAXLAKE_SHIM_HOOKS")) {
     if (!ParseBool(v, &o.hooks))
       return Malformed("JAXLAKE_SHIM_HOOKS", v, "0 or 1");
@@ -139,10 +138,9 @@ std::string ReadOptions(ShimOptions* out) {
 
 std::string OptionsJson(const ShimOptions& o) {
   std::string out = "{";
-  for (const SizeOption& s : kSizes)
-    out += JsonString(s.name) + ": " + std::to_string(o.lake.*s.field) + ", ";
-  for (const BoolOption& b : kBools)
-    out += JsonString(b.name) + ": " + JsonBool(o.lake.*b.field) + ", ";
+  ForEachLakeOption([&](const char* name, auto field) {
+    out += JsonString(name) + ": " + JsonValue(o.lake.*field) + ", ";
+  });
   out += "\"hooks\": " + std::string(JsonBool(o.hooks)) +
          ", \"peer_access\": " + JsonBool(o.peer_access) +
          ", \"capacity_fraction\": " + std::to_string(o.capacity_fraction) +

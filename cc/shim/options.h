@@ -1,18 +1,10 @@
 // jaxlake shim: settings read from the environment when the shim loads.
 //
-// Lake options (one variable per LakeOptions field; the Python package
-// normalises values, so only plain forms are accepted here):
-//   JAXLAKE_CAPACITY       bytes; unset or 0: XLA's memory fraction (below);
-//                          not read when JAXLAKE_CAPACITY_FRACTION is set
-//   JAXLAKE_SMALL_LIMIT    bytes
-//   JAXLAKE_SMALL_SLAB     bytes, 0: one granule
-//   JAXLAKE_ALIGNMENT      bytes
-//   JAXLAKE_STITCH         0 or 1
-//   JAXLAKE_STITCH_MIN     bytes
-//   JAXLAKE_STITCH_GROW    0 or 1
-//   JAXLAKE_MAX_PIECES     count
-//   JAXLAKE_STITCH_CACHE   count
-//   JAXLAKE_RECORD_TRACE   0 or 1 (the lake's in-memory trace)
+// Lake options: one variable JAXLAKE_<FIELD> per row of cc/lake/options.inc
+// (the Python package normalises values, so only plain forms are accepted
+// here): sizes and counts in decimal digits, booleans 0 or 1.
+//   JAXLAKE_CAPACITY       unset or 0: XLA's memory fraction (below); not
+//                          read when JAXLAKE_CAPACITY_FRACTION is set
 // Shim settings:
 //   JAXLAKE_SHIM_HOOKS     0 or 1 (default 1); 0 forwards every call
 //   JAXLAKE_SHIM_PEER_ACCESS  0 or 1 (default 1): also map the lake's memory

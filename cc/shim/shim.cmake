@@ -19,32 +19,20 @@ if(JAXLAKE_BUILD_SHIM AND NOT jaxlake_shim_supported)
 endif()
 
 if(JAXLAKE_BUILD_SHIM)
-  # The entry points defined in C++ (cc/shim/hooks.cc); every other name of
-  # the list gets a generated forwarding trampoline.
-  set(jaxlake_shim_hooked
-    cuMemAllocFromPoolAsync cuMemAllocFromPoolAsync_ptsz
-    cuMemFreeAsync cuMemFreeAsync_ptsz
-    cuMemPoolGetAttribute cuMemPoolTrimTo
-    cuStreamBeginCapture cuStreamBeginCapture_ptsz
-    cuStreamBeginCapture_v2 cuStreamBeginCapture_v2_ptsz
-    cuStreamBeginCaptureToGraph cuStreamBeginCaptureToGraph_ptsz
-    cuStreamEndCapture cuStreamEndCapture_ptsz
-    cuGetProcAddress cuGetProcAddress_v2
-    cuMemAlloc_v2 cuMemAllocPitch_v2 cuMemAllocManaged
-    cuMemAllocAsync cuMemAllocAsync_ptsz cuMemFree_v2
-    cuMemCreate cuMemRelease
-    cuMemGetAddressRange_v2 cuPointerGetAttribute cuPointerGetAttributes)
-  string(REPLACE ";" "," jaxlake_shim_hooked_arg "${jaxlake_shim_hooked}")
+  # The entry points defined in C++ (cc/shim/hooks.cc) are the rows of
+  # cc/shim/hooked.inc; every other name of the symbol list gets a generated
+  # forwarding trampoline.
+  set(jaxlake_shim_hooked "${PROJECT_SOURCE_DIR}/cc/shim/hooked.inc")
   set(jaxlake_shim_symbols "${PROJECT_SOURCE_DIR}/cc/shim/cuda_symbols.txt")
   set(jaxlake_shim_forward
       "${CMAKE_CURRENT_BINARY_DIR}/generated/cc/shim/cuda_forward.cc")
   add_custom_command(
     OUTPUT "${jaxlake_shim_forward}"
     COMMAND "${CMAKE_COMMAND}" "-DSYMBOLS=${jaxlake_shim_symbols}"
-            "-DHOOKED=${jaxlake_shim_hooked_arg}"
+            "-DHOOKED=${jaxlake_shim_hooked}"
             "-DOUTPUT=${jaxlake_shim_forward}"
             -P "${PROJECT_SOURCE_DIR}/cc/shim/gen_trampolines.cmake"
-    DEPENDS "${jaxlake_shim_symbols}"
+    DEPENDS "${jaxlake_shim_symbols}" "${jaxlake_shim_hooked}"
             "${PROJECT_SOURCE_DIR}/cc/shim/gen_trampolines.cmake"
     COMMENT "Generating the CUDA shim's forwarding trampolines"
     VERBATIM)

@@ -22,7 +22,7 @@ REAL_DRIVER_ENV = "JAXLAKE_REAL_LIBCUDA"
 
 # Where drivers live on the systems we know, searched after the absolute
 # directories of LD_LIBRARY_PATH: the same list, in the same order, as
-# kDriverDirs in cc/shim/loader.cc (tests/test_xla.py compares them).
+# kDriverDirs in cc/shim/loader.cc (tests/test_xla_fake_driver.py compares them).
 DRIVER_DIRS: Tuple[str, ...] = (
     "/usr/lib/x86_64-linux-gnu",
     "/usr/lib64",
