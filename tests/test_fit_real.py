@@ -188,6 +188,10 @@ def test_a_real_run_has_only_its_policys_allocator_settings() -> None:
      "trying to allocate 384.00MiB with allocator GPU_0_bfc\n",
      "jaxlib.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory"),
     ("CUDA_ERROR_OUT_OF_MEMORY: out of memory\n", "CUDA_ERROR_OUT_OF_MEMORY"),
+    ("jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Not enough PA "
+     "budget for allocation: pa_allocated=85983232B, rounded_size="
+     "123731968B, pa_budget=201326592B [executable_name='jit_step']\n",
+     "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Not enough PA"),
     ("Traceback ... ValueError: bad batch\n", None),
 ])
 def test_a_real_runs_out_of_memory_is_read_from_its_output(
@@ -197,6 +201,19 @@ def test_a_real_runs_out_of_memory_is_read_from_its_output(
         assert found is None
     else:
         assert found is not None and found.startswith(line)
+
+
+def test_the_failed_request_is_read_from_either_allocators_message() -> None:
+    """BFC names the request in MiB; XLA's VMM allocator names its
+    rounded size in bytes."""
+    assert real.request_size(
+        "RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+        "384.00MiB with allocator GPU_0_bfc") == 384 * MIB
+    assert real.request_size(
+        "RESOURCE_EXHAUSTED: Not enough PA budget for allocation: "
+        "pa_allocated=85983232B, rounded_size=123731968B, "
+        "pa_budget=201326592B") == 123731968
+    assert real.request_size("RESOURCE_EXHAUSTED: something") is None
 
 
 _FAKE_WHY = engine.fake_gpu_available()
@@ -282,3 +299,36 @@ def test_a_default_without_its_lake_counterpart_is_not_compared(
     assert report.gains() == {}
     text = run.format_report(report)
     assert "against JAX's default" in text and "not compared" in text
+
+
+@pytest.mark.skipif(bool(_has_fake_gpu()), reason=_has_fake_gpu() or "-")
+def test_xla_vmm_allocator_runs_on_the_fake_gpu(tmp_path: Path) -> None:
+    """real:vmm: XLA's VMM allocator runs on the fake GPU (it needs
+    cuStreamWriteValue64 for its deferred frees, which the fake
+    implements), so fit accepts it. On a 256 MiB fake device its budget
+    is 0.75 of it (192 MiB): 128 MiB of input fit, a 200 MiB input ends
+    with the allocator's own refusal, which names the request."""
+    policy = real.BY_NAME["real:vmm"]
+    assert real.fake_stubs(["cuStreamWriteValue64"]) == []
+    assert real.unavailable(policy) is None
+    assert run.check_policies(["real:vmm"]) == ["real:vmm"]
+    script = tmp_path / "user.py"
+    script.write_text(SCRIPT)
+    saved = os.environ.get("XLA_FLAGS")
+    os.environ["XLA_FLAGS"] = "--xla_gpu_autotune_level=0"
+    try:
+        outcomes = [real.run_once([sys.executable, str(script), str(n)],
+                                  engine.Gpu.parse("256MiB"), policy, None,
+                                  str(tmp_path / f"vmm{n}.log"),
+                                  f"real:vmm at {n}", None)
+                    for n in (128, 200)]
+    finally:
+        if saved is None:
+            os.environ.pop("XLA_FLAGS")
+        else:
+            os.environ["XLA_FLAGS"] = saved
+    assert outcomes[0].fits
+    outcome = outcomes[1]
+    assert not outcome.fits
+    assert "Not enough PA budget" in outcome.message, outcome.message
+    assert outcome.request == 200 * MIB

@@ -5,9 +5,11 @@
 
 
 One row per (row, GPU): each policy's largest batch, with "s" (shortage)
-or "f" (fragmentation) for why the next value fails; then whether jaxlake's
-is at least every peer's, and, where fragmentation limits BFC, jaxlake's
-over BFC's.
+or "f" (fragmentation) for why the next value fails; the largest batch of
+JAX's default run for real (real:jax-default, "oom": its own out-of-memory
+error at the next value; from OUT/real/, table.sh with REAL=1; "not run"
+where there is none); then whether jaxlake's is at least every peer's,
+and, where fragmentation limits BFC, jaxlake's over BFC's.
 
 --compare puts two engines' reports of the same rows side by side: each
 policy's largest batch as "recorder / fake-gpu", whether they agree on
@@ -31,7 +33,20 @@ def cell(p: dict) -> str:
     nf = p.get("next_failure")
     if nf is None:
         return largest + " (end)"
+    if nf["reason"] == "out of memory":
+        return f"{largest} oom"
     return f"{largest} {nf['reason'][0]}"
+
+
+def real_cell(folder: str, name: str) -> str:
+    """JAX's default run for real, from OUT/real/<name>.json."""
+    path = os.path.join(folder, "real", name + ".json")
+    if not os.path.isfile(path):
+        return "not run"
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    p = data["policies"].get("real:jax-default")
+    return "not run" if p is None else cell(p)
 
 
 def main(folder: str) -> int:
@@ -40,8 +55,9 @@ def main(folder: str) -> int:
         print(f"no reports in {folder}", file=sys.stderr)
         return 1
     print("| row | GPU | " + " | ".join(ORDER)
-          + " | jaxlake >= all | vs BFC (BFC frag.) |")
-    print("|" + "---|" * (len(ORDER) + 4))
+          + " | real:jax-default (JAX's default, real run) "
+          "| jaxlake >= all | vs BFC (BFC frag.) |")
+    print("|" + "---|" * (len(ORDER) + 5))
     for path in files:
         data = json.load(open(path, encoding="utf-8"))
         name = os.path.basename(path)[:-len(".json")]
@@ -58,7 +74,7 @@ def main(folder: str) -> int:
             ratio = f"{r:.2f}x" + ("" if r >= 1.15 else " (<1.15)")
         print(f"| {row} | {gpu} | "
               + " | ".join(cell(pol[n]) if n in pol else "-" for n in ORDER)
-              + f" | {ok} | {ratio} |")
+              + f" | {real_cell(folder, name)} | {ok} | {ratio} |")
     return 0
 
 
