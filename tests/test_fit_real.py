@@ -332,3 +332,22 @@ def test_xla_vmm_allocator_runs_on_the_fake_gpu(tmp_path: Path) -> None:
     assert not outcome.fits
     assert "Not enough PA budget" in outcome.message, outcome.message
     assert outcome.request == 200 * MIB
+
+
+def test_every_label_of_an_xla_policy_says_whether_it_is_jax_default(
+) -> None:
+    """bench's legend and fit's report name XLA's allocators: each says
+    whether it is JAX's default (BFC preallocated: bench's bfc with
+    --preallocate, fit's bfc-prealloc and real:jax-default)."""
+    from jaxlake._src.bench import columns
+    for name in ("bfc", "xla-vmm", "bfc-growth"):
+        assert "not JAX's default" in columns.policy_doc(name), name
+        assert "not JAX's default" in run.describe(name), name
+    assert "--preallocate, one region of the device: JAX's default" in \
+        columns.policy_doc("bfc")
+    assert "; JAX's default (jax " in run.describe("bfc-prealloc")
+    for policy in real.POLICIES:
+        if policy.name != real.LAKE:
+            assert "JAX's default" in run.describe(policy.name), policy.name
+    assert "its model is bfc, not bfc-growth" in \
+        run.describe("real:bfc-growth")

@@ -102,7 +102,7 @@ POLICIES: Tuple[RealPolicy, ...] = (
                (("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),), (),
                "XLA's BFC with preallocation off "
                "(XLA_PYTHON_CLIENT_PREALLOCATE=false): regions that grow "
-               "on demand"),
+               "on demand (its model is bfc, not bfc-growth)"),
     RealPolicy("real:cuda-async",
                (("XLA_PYTHON_CLIENT_ALLOCATOR", "cuda_async"),), (),
                "the driver's stream-ordered pool "
