@@ -85,23 +85,27 @@ def cases(equinox_python: str) -> Dict[str, Tuple[int, List[str]]]:
     return {
         "tiny": (1, lm + ["--preset", "tiny", "--batch", "64"] + _LM),
         "small": (1, lm + ["--preset", "small", "--batch", "16"] + _LM),
-        "tiny-remat-full": (1, lm + ["--preset", "tiny", "--batch", "64",
+        "tiny-remat-full": (1, lm + ["--preset", "tiny", "--batch", "256",
                                      "--remat", "full"] + _LM),
-        "tiny-remat-dots": (1, lm + ["--preset", "tiny", "--batch", "64",
+        "tiny-remat-dots": (1, lm + ["--preset", "tiny", "--batch", "128",
                                      "--remat", "dots-saveable"] + _LM),
-        "buckets-eval": (1, lm + ["--preset", "tiny", "--batch", "64",
+        "buckets-eval": (1, lm + ["--preset", "tiny", "--batch", "256",
                                   "--remat", "full", "--seq-buckets",
                                   "32,64", "--eval-every", "1"] + _LM),
         "lora": (1, [py, os.path.join(EXAMPLES, "finetune_lora.py"),
-                     "--preset", "tiny", "--batch", "64"] + _LM),
+                     "--preset", "tiny", "--batch", "128"] + _LM),
         "sharded-fsdp-2dev": (2, [py, os.path.join(EXAMPLES,
                                                    "train_sharded.py"),
                                   "--layout", "fsdp", "--preset", "tiny",
-                                  "--batch", "64"] + _LM),
+                                  "--batch", "128"] + _LM),
         "equinox-cnn": (1, [equinox_python,
                             os.path.join(HERE, "compat", "equinox_cnn.py"),
-                            "--steps", "2", "--batch", "256"]),
+                            "--steps", "2", "--batch", "2048"]),
     }
+
+
+#: The fake GPU's smallest device (jaxlake run --fake-gpu-memory).
+MIN_DEVICE = 64 * MIB
 
 
 def device_for(pool: int) -> int:
@@ -335,6 +339,10 @@ def validate(args: argparse.Namespace) -> None:
                 continue
             entry["real"] = real_name
             cap = fit["capacity"]
+            if device_for(cap - GRANULE) < MIN_DEVICE:
+                entry["why_not"] = ("the fit capacity is below the fake "
+                                    "GPU's smallest device's pool (48 MiB)")
+                continue
             for pool in (cap - GRANULE, cap):
                 for rep in range(args.repeats):
                     key = f"{real_name}@{pool}#{rep}"
@@ -370,8 +378,9 @@ def table(results: Dict[str, Any]) -> str:
             cap = m["capacity"]
             mv = ("fits" if m["below_fits"] else "oom") + " / " + \
                 ("fits" if m["at_fits"] else "oom")
-            if m.get("real") is None:
-                lines.append(f"| {name} | {model} (none: {m.get('why_not')})"
+            if m.get("real") is None or m.get("why_not"):
+                lines.append(f"| {name} | {model} ({m.get('real') or 'none'}"
+                             f": not run, {m.get('why_not')})"
                              f" | {_mib(case['trace_peak_live'])} | "
                              f"{_mib(cap)} | {mv} | - | - |")
                 continue
