@@ -369,35 +369,60 @@ def _mib(n: Optional[int]) -> str:
 
 
 def table(results: Dict[str, Any]) -> str:
-    """The markdown validation table of results.json."""
-    lines = ["| case | model (real allocator) | trace peak live | model fit "
-             "C | model at C-2 / C | real at C-2 / C | agree |",
-             "|---|---|---|---|---|---|---|"]
+    """The markdown validation table of results.json: for each case and
+    model, the model's fit capacity C (MiB of pool), then the real
+    allocator's verdicts at a pool of C - 2 MiB and of C (the model's are
+    out of memory and fits), and whether they agree."""
+    models = [m for m in MODELS if any(
+        m in c.get("models", {}) for c in results.get("cases", {}).values())]
+    head = []
+    for m in models:
+        real = MODELS[m][2]
+        head.append(f"{m}" + (f" / {real}" if real else " (no real run)")
+                    + (" (JAX's default)" if m == "bfc-prealloc" else ""))
+    lines = ["| case | trace peak live | " + " | ".join(head) + " |",
+             "|---|---|" + "---|" * len(models)]
+    agreed = total = errors = 0
     for name, case in results.get("cases", {}).items():
-        for model, m in case.get("models", {}).items():
+        cells = []
+        for model in models:
+            m = case.get("models", {}).get(model)
+            if m is None:
+                cells.append("-")
+                continue
             cap = m["capacity"]
-            mv = ("fits" if m["below_fits"] else "oom") + " / " + \
-                ("fits" if m["at_fits"] else "oom")
+            expect = ("fits" if m["below_fits"] else "oom",
+                      "fits" if m["at_fits"] else "oom")
+            text = f"C {_mib(cap)}"
+            if m["below_fits"] or not m["at_fits"]:
+                text += f" (model {expect[0]} / {expect[1]})"
             if m.get("real") is None or m.get("why_not"):
-                lines.append(f"| {name} | {model} ({m.get('real') or 'none'}"
-                             f": not run, {m.get('why_not')})"
-                             f" | {_mib(case['trace_peak_live'])} | "
-                             f"{_mib(cap)} | {mv} | - | - |")
+                cells.append(text + ": not run")
                 continue
             runs = case.get("runs", {})
-            cells, agree = [], True
-            for pool, model_fits in ((cap - GRANULE, m["below_fits"]),
-                                     (cap, m["at_fits"])):
-                got = [r for k, r in sorted(runs.items())
-                       if k.startswith(f"{m['real']}@{pool}#")]
-                verdicts = [r["verdict"] for r in got]
-                cells.append(",".join(verdicts) or "-")
-                want = "fits" if model_fits else "oom"
-                agree &= bool(verdicts) and all(v == want for v in verdicts)
-            lines.append(
-                f"| {name} | {model} ({m['real']}) | "
-                f"{_mib(case['trace_peak_live'])} | {_mib(cap)} | {mv} | "
-                f"{' / '.join(cells)} | {'yes' if agree else '**no**'} |")
+            got = []
+            ok = True
+            for pool, want in ((cap - GRANULE, expect[0]), (cap, expect[1])):
+                v = [r["verdict"] for k, r in sorted(runs.items())
+                     if k.startswith(f"{m['real']}@{pool}#")]
+                got.append(",".join(v) or "-")
+                ok &= bool(v) and all(x == want for x in v)
+            if any("error" in g for g in got):
+                errors += 1
+                cells.append(f"{text}: real {' / '.join(got)} (not "
+                             "checked)")
+                continue
+            total += 1
+            agreed += ok
+            cells.append(f"{text}: real {' / '.join(got)} "
+                         + ("agrees" if ok else "**differs**"))
+        lines.append(f"| {name} | {_mib(case.get('trace_peak_live'))} | "
+                     + " | ".join(cells) + " |")
+    lines.append("")
+    lines.append(f"(MiB; real: the real allocator's verdicts at a pool of "
+                 f"C - 2 MiB and of C, where the model says oom / fits; "
+                 f"{agreed} of {total} agree; {errors} not checked: a real "
+                 "run failed for another reason than memory)")
     return "\n".join(lines)
 
 
