@@ -9,8 +9,9 @@ or "f" (fragmentation) for why the next value fails; the largest batch of
 JAX's default run for real (real:jax-default, "oom": its own out-of-memory
 error at the next value; from OUT/real/, table.sh with REAL=1; "not run"
 where there is none); then whether jaxlake's is at least every peer's,
-and, where fragmentation limits it, jaxlake's over JAX's default (its
-model, bfc-prealloc), then over BFC with preallocation off (bfc).
+jaxlake's over JAX's default (its model, bfc-prealloc; "not run" where
+the report has no bfc-prealloc), and, where fragmentation limits it,
+jaxlake's over BFC with preallocation off (bfc).
 
 --compare puts two engines' reports of the same rows side by side: each
 policy's largest batch as "recorder / fake-gpu", whether they agree on
@@ -69,7 +70,7 @@ def main(folder: str) -> int:
         return 1
     print("| row | GPU | " + " | ".join(HEADERS.get(n, n) for n in ORDER)
           + " | real:jax-default (JAX's default, real run) "
-          "| jaxlake >= all | vs JAX's default (model, where it fragments) "
+          "| jaxlake >= all | vs JAX's default (model) "
           "| vs bfc, prealloc. off (where it fragments) |")
     print("|" + "---|" * (len(ORDER) + 6))
     for path in files:
@@ -80,8 +81,9 @@ def main(folder: str) -> int:
         lake = pol["jaxlake"]["largest"] or 0
         peers = [pol[n]["largest"] or 0 for n in ORDER[1:] if n in pol]
         ok = "yes" if all(lake >= p for p in peers) else "**no**"
-        default = ratio_cell(lake, pol.get("bfc-prealloc", {})) \
-            if "bfc-prealloc" in pol else "not run"
+        pre = pol.get("bfc-prealloc", {})
+        default = "not run" if not pre else \
+            f"{lake / pre['largest']:.2f}x" if pre.get("largest") else "-"
         print(f"| {row} | {gpu} | "
               + " | ".join(cell(pol[n]) if n in pol else "-" for n in ORDER)
               + f" | {real_cell(folder, name)} | {ok} | {default} | "
