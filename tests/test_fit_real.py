@@ -188,10 +188,6 @@ def test_a_real_run_has_only_its_policys_allocator_settings() -> None:
      "trying to allocate 384.00MiB with allocator GPU_0_bfc\n",
      "jaxlib.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory"),
     ("CUDA_ERROR_OUT_OF_MEMORY: out of memory\n", "CUDA_ERROR_OUT_OF_MEMORY"),
-    ("jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Not enough PA "
-     "budget for allocation: pa_allocated=85983232B, rounded_size="
-     "123731968B, pa_budget=201326592B [executable_name='jit_step']\n",
-     "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Not enough PA"),
     ("Traceback ... ValueError: bad batch\n", None),
 ])
 def test_a_real_runs_out_of_memory_is_read_from_its_output(
