@@ -61,7 +61,6 @@ STATS_RUN = os.path.join(HERE, "memory_stats_run.py")
 MIB = 1 << 20
 GRANULE = _replay.GRANULARITY
 RECORD_MEMORY = 256 << 30
-FRACTION = 0.75
 
 #: model -> (replayed policy, its options, the real policy it models)
 MODELS: Dict[str, Tuple[str, Dict[str, Any], Optional[str]]] = {
