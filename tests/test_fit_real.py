@@ -200,6 +200,19 @@ def test_a_real_runs_out_of_memory_is_read_from_its_output(
         assert found is not None and found.startswith(line)
 
 
+def test_the_failed_request_is_read_from_either_allocators_message() -> None:
+    """BFC names the request in MiB; XLA's VMM allocator names its
+    rounded size in bytes."""
+    assert real.request_size(
+        "RESOURCE_EXHAUSTED: Out of memory while trying to allocate "
+        "384.00MiB with allocator GPU_0_bfc") == 384 * MIB
+    assert real.request_size(
+        "RESOURCE_EXHAUSTED: Not enough PA budget for allocation: "
+        "pa_allocated=85983232B, rounded_size=123731968B, "
+        "pa_budget=201326592B") == 123731968
+    assert real.request_size("RESOURCE_EXHAUSTED: something") is None
+
+
 _FAKE_WHY = fake_gpu_reason()
 
 SCRIPT = """
@@ -283,3 +296,55 @@ def test_a_default_without_its_lake_counterpart_is_not_compared(
     assert report.gains() == {}
     text = run.format_report(report)
     assert "against JAX's default" in text and "not compared" in text
+
+
+@pytest.mark.skipif(bool(_has_fake_gpu()), reason=_has_fake_gpu() or "-")
+def test_xla_vmm_allocator_runs_on_the_fake_gpu(tmp_path: Path) -> None:
+    """real:vmm: XLA's VMM allocator runs on the fake GPU (it needs
+    cuStreamWriteValue64 for its deferred frees, which the fake
+    implements), so fit accepts it. On a 256 MiB fake device its budget
+    is 0.75 of it (192 MiB): 128 MiB of input fit, a 200 MiB input ends
+    with the allocator's own refusal, which names the request."""
+    policy = real.BY_NAME["real:vmm"]
+    assert real.fake_stubs(["cuStreamWriteValue64"]) == []
+    assert real.unavailable(policy) is None
+    assert run.check_policies(["real:vmm"]) == ["real:vmm"]
+    script = tmp_path / "user.py"
+    script.write_text(SCRIPT)
+    saved = os.environ.get("XLA_FLAGS")
+    os.environ["XLA_FLAGS"] = "--xla_gpu_autotune_level=0"
+    try:
+        outcomes = [real.run_once([sys.executable, str(script), str(n)],
+                                  engine.Gpu.parse("256MiB"), policy, None,
+                                  str(tmp_path / f"vmm{n}.log"),
+                                  f"real:vmm at {n}", None)
+                    for n in (128, 200)]
+    finally:
+        if saved is None:
+            os.environ.pop("XLA_FLAGS")
+        else:
+            os.environ["XLA_FLAGS"] = saved
+    assert outcomes[0].fits
+    outcome = outcomes[1]
+    assert not outcome.fits
+    assert "Not enough PA budget" in outcome.message, outcome.message
+    assert outcome.request == 200 * MIB
+
+
+def test_every_label_of_an_xla_policy_says_whether_it_is_jax_default(
+) -> None:
+    """bench's legend and fit's report name XLA's allocators: each says
+    whether it is JAX's default (BFC preallocated: bench's bfc with
+    --preallocate, fit's bfc-prealloc and real:jax-default)."""
+    from jaxlake._src.bench import columns
+    for name in ("bfc", "xla-vmm", "bfc-growth"):
+        assert "not JAX's default" in columns.policy_doc(name), name
+        assert "not JAX's default" in run.describe(name), name
+    assert "--preallocate, one region of the device: JAX's default" in \
+        columns.policy_doc("bfc")
+    assert "; JAX's default (jax " in run.describe("bfc-prealloc")
+    for policy in real.POLICIES:
+        if policy.name != real.LAKE:
+            assert "JAX's default" in run.describe(policy.name), policy.name
+    assert "its model is bfc, not bfc-growth" in \
+        run.describe("real:bfc-growth")

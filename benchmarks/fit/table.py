@@ -5,9 +5,13 @@
 
 
 One row per (row, GPU): each policy's largest batch, with "s" (shortage)
-or "f" (fragmentation) for why the next value fails; then whether jaxlake's
-is at least every peer's, and, where fragmentation limits BFC, jaxlake's
-over BFC's.
+or "f" (fragmentation) for why the next value fails; the largest batch of
+JAX's default run for real (real:jax-default, "oom": its own out-of-memory
+error at the next value; from OUT/real/, table.sh with REAL=1; "not run"
+where there is none); then whether jaxlake's is at least every peer's,
+jaxlake's over JAX's default (its model, bfc-prealloc; "not run" where
+the report has no bfc-prealloc), and, where fragmentation limits it,
+jaxlake's over BFC with preallocation off (bfc).
 
 --compare puts two engines' reports of the same rows side by side: each
 policy's largest batch as "recorder / fake-gpu", whether they agree on
@@ -22,8 +26,20 @@ import json
 import os
 import sys
 
-ORDER = ("jaxlake", "bfc", "bfc-growth", "xla-vmm", "torch",
+ORDER = ("jaxlake", "bfc-prealloc", "bfc", "bfc-growth", "xla-vmm", "torch",
          "torch-expandable", "gmlake")
+#: Column headers that say which policy is JAX's default.
+HEADERS = {"bfc-prealloc": "bfc-prealloc (JAX's default, model)",
+           "bfc": "bfc (prealloc. off)"}
+
+
+def ratio_cell(lake: int, other: dict) -> str:
+    """jaxlake's largest over `other`'s, where fragmentation limits it."""
+    nf = other.get("next_failure") or {}
+    if nf.get("reason") != "fragmentation" or not other.get("largest"):
+        return "-"
+    r = lake / other["largest"]
+    return f"{r:.2f}x" + ("" if r >= 1.15 else " (<1.15)")
 
 
 def cell(p: dict) -> str:
@@ -31,7 +47,20 @@ def cell(p: dict) -> str:
     nf = p.get("next_failure")
     if nf is None:
         return largest + " (end)"
+    if nf["reason"] == "out of memory":
+        return f"{largest} oom"
     return f"{largest} {nf['reason'][0]}"
+
+
+def real_cell(folder: str, name: str) -> str:
+    """JAX's default run for real, from OUT/real/<name>.json."""
+    path = os.path.join(folder, "real", name + ".json")
+    if not os.path.isfile(path):
+        return "not run"
+    with open(path, encoding="utf-8") as f:
+        data = json.load(f)
+    p = data["policies"].get("real:jax-default")
+    return "not run" if p is None else cell(p)
 
 
 def main(folder: str) -> int:
@@ -39,9 +68,11 @@ def main(folder: str) -> int:
     if not files:
         print(f"no reports in {folder}", file=sys.stderr)
         return 1
-    print("| row | GPU | " + " | ".join(ORDER)
-          + " | jaxlake >= all | vs BFC (BFC frag.) |")
-    print("|" + "---|" * (len(ORDER) + 4))
+    print("| row | GPU | " + " | ".join(HEADERS.get(n, n) for n in ORDER)
+          + " | real:jax-default (JAX's default, real run) "
+          "| jaxlake >= all | vs JAX's default (model) "
+          "| vs bfc, prealloc. off (where it fragments) |")
+    print("|" + "---|" * (len(ORDER) + 6))
     for path in files:
         data = json.load(open(path, encoding="utf-8"))
         name = os.path.basename(path)[:-len(".json")]
@@ -50,15 +81,13 @@ def main(folder: str) -> int:
         lake = pol["jaxlake"]["largest"] or 0
         peers = [pol[n]["largest"] or 0 for n in ORDER[1:] if n in pol]
         ok = "yes" if all(lake >= p for p in peers) else "**no**"
-        bfc = pol.get("bfc", {})
-        nf = bfc.get("next_failure") or {}
-        ratio = "-"
-        if nf.get("reason") == "fragmentation" and bfc.get("largest"):
-            r = lake / bfc["largest"]
-            ratio = f"{r:.2f}x" + ("" if r >= 1.15 else " (<1.15)")
+        pre = pol.get("bfc-prealloc", {})
+        default = "not run" if not pre else \
+            f"{lake / pre['largest']:.2f}x" if pre.get("largest") else "-"
         print(f"| {row} | {gpu} | "
               + " | ".join(cell(pol[n]) if n in pol else "-" for n in ORDER)
-              + f" | {ok} | {ratio} |")
+              + f" | {real_cell(folder, name)} | {ok} | {default} | "
+              f"{ratio_cell(lake, pol.get('bfc', {}))} |")
     return 0
 
 

@@ -8,6 +8,13 @@
 # without running (--compile-only); ENGINE=fake-gpu runs each value's two
 # steps under `jaxlake run --fake-gpu` (XLA's real GPU client on the fake
 # GPU). ROWS="small-none tiny-none" picks rows, GPUS="h100" the GPUs.
+# REAL=1 runs instead the column of JAX's default run for real: `jaxlake fit
+# --policies real:jax-default` (the program on XLA's own allocator as JAX
+# sets it up by default, on a fake device of the GPU's size) for the rows
+# that have a real_row line below, over a range around the models' answer;
+# it writes OUT/real/<row>-<gpu>.json, which table.py adds as a column.
+# Set XLA_FLAGS=--xla_gpu_autotune_level=0 for it (the fake GPU's
+# autotuner times kernels that do not run).
 set -euo pipefail
 out=${1:-jaxlake-fit}
 here=$(cd "$(dirname "$0")/../.." && pwd)
@@ -23,8 +30,10 @@ case $engine in
 esac
 mkdir -p "$out"
 rows=${ROWS:-}   # e.g. ROWS="1b-full 3b-full": only those rows
+real=${REAL:-0}
 row() {  # name "NAME=LO..HI [--step S]" command...
   local name=$1 vary=$2; shift 2
+  if [ "$real" = 1 ]; then return; fi
   if [ -n "$rows" ] && [[ " $rows " != *" $name "* ]]; then return; fi
   for gpu in ${GPUS:-h100 h200}; do
     echo "== $name on $gpu ($engine)" >&2
@@ -48,3 +57,21 @@ row 3b-full batch=1..128 $lm --preset 3b --dtype bfloat16 --remat full --batch {
 # tiny-none row at an H100's size.
 row tiny-cmp batch=16..1024 $lm --preset tiny --dtype float32 --attention xla --batch {batch} $common
 row small-cmp batch=1..256 $lm --preset small --dtype float32 --attention xla --batch {batch} $common
+# JAX's default run for real (REAL=1), the program's two steps on the
+# fake GPU: only the rows a 2-core machine affords (a run per value, at the
+# GPU's size), over the models' answer and the next power of two.
+real_row() {  # name "NAME=LO..HI" command...
+  local name=$1 vary=$2; shift 2
+  if [ "$real" != 1 ]; then return; fi
+  if [ -n "$rows" ] && [[ " $rows " != *" $name "* ]]; then return; fi
+  mkdir -p "$out/real"
+  for gpu in ${GPUS:-h100 h200}; do
+    echo "== $name on $gpu (real:jax-default)" >&2
+    $py -m jaxlake fit --gpu "$gpu" --vary $vary --engine fake-gpu \
+      --policies real:jax-default --traces "$out/real/runs" \
+      --json "$out/real/$name-$gpu.json" -- "$@" \
+      > "$out/real/$name-$gpu.txt"
+  done
+}
+real_row tiny-none batch=16384..65536 $lm --preset tiny --dtype float32 --attention xla --batch {batch} --steps 2 --no-progress
+real_row small-none batch=1024..8192 $lm --preset small --dtype float32 --attention xla --batch {batch} --steps 2 --no-progress

@@ -161,18 +161,21 @@ COLUMN_TABLE: Tuple[Column, ...] = (
 #: What each policy is, one line each, in table order.
 POLICY_DOCS: Tuple[Tuple[str, str], ...] = (
     ("jaxlake", "this allocator: virtual memory stitching over VMM chunks"),
-    ("bfc", "XLA's BFC allocator with preallocation off: regions that "
-            "double as it grows (with --preallocate, one region of the "
-            "device: JAX's default, docs/xla_defaults.md)"),
+    ("bfc", "XLA's BFC allocator with preallocation off "
+            "(XLA_PYTHON_CLIENT_PREALLOCATE=false), not JAX's default: "
+            "regions that double as it grows (with --preallocate, one "
+            "region of the device: JAX's default, docs/xla_defaults.md)"),
     ("torch", "PyTorch's CUDA caching allocator"),
     ("torch-expandable", "PyTorch's caching allocator with "
                          "expandable_segments:True"),
     ("gmlake", "GMLake as published (GLake's stitching caching allocator)"),
-    ("xla-vmm", "XLA's VMM allocator (XLA_PYTHON_CLIENT_ALLOCATOR=vmm): "
-                "one mapping per buffer, exact-size reuse"),
-    ("bfc-growth", "XLA's growing BFC (XLA_PJRT_GPU_BFC_ALLOW_GROWTH): one "
-                   "virtual range, 64 MiB physical steps (with "
-                   "--preallocate, one step of the device)"),
+    ("xla-vmm", "XLA's VMM allocator (XLA_PYTHON_CLIENT_ALLOCATOR=vmm), "
+                "not JAX's default: one mapping per buffer, exact-size "
+                "reuse"),
+    ("bfc-growth", "XLA's growing BFC (XLA_PJRT_GPU_BFC_ALLOW_GROWTH, in no "
+                   "supported jaxlib), not JAX's default: one virtual "
+                   "range, 64 MiB physical steps (with --preallocate, one "
+                   "step of the device)"),
 )
 
 #: The header of every layout's first columns.

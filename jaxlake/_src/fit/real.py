@@ -102,7 +102,7 @@ POLICIES: Tuple[RealPolicy, ...] = (
                (("XLA_PYTHON_CLIENT_PREALLOCATE", "false"),), (),
                "XLA's BFC with preallocation off "
                "(XLA_PYTHON_CLIENT_PREALLOCATE=false): regions that grow "
-               "on demand"),
+               "on demand (its model is bfc, not bfc-growth)"),
     RealPolicy("real:cuda-async",
                (("XLA_PYTHON_CLIENT_ALLOCATOR", "cuda_async"),), (),
                "the driver's stream-ordered pool "
@@ -342,6 +342,23 @@ def out_of_memory(output: str) -> Optional[str]:
     return "RESOURCE_EXHAUSTED"
 
 
+#: XLA's VMM allocator's refusal: "Not enough PA budget for allocation:
+#: pa_allocated=...B, rounded_size=...B, pa_budget=...B".
+_VMM_OOM = re.compile(r"Not enough PA budget for allocation:.*?"
+                      r"rounded_size=([0-9]+)B")
+
+
+def request_size(output: str) -> Optional[int]:
+    """The bytes of the request XLA's allocator could not serve, where its
+    message gives them: BFC's "trying to allocate 384.00MiB", the VMM
+    allocator's "rounded_size=...B"."""
+    _, request = _engine.out_of_memory(output)
+    if request is not None:
+        return request
+    match = _VMM_OOM.search(output)
+    return int(match.group(1)) if match else None
+
+
 def run_once(argv: Sequence[str], gpu: _engine.Gpu, policy: RealPolicy,
              fraction: Optional[float], log: str, label: str,
              progress: Optional[TextIO]) -> Outcome:
@@ -363,8 +380,7 @@ def run_once(argv: Sequence[str], gpu: _engine.Gpu, policy: RealPolicy,
         line = out_of_memory(output)
         if line is not None:
             p.finish("out of memory")
-            _, request = _engine.out_of_memory(output)
-            return Outcome(False, request, line, p.elapsed)
+            return Outcome(False, request_size(output), line, p.elapsed)
         p.finish(f"failed (exit status {code})")
         raise FitError(
             f"{label}: the command failed with exit status {code}, not out "

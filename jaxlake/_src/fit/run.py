@@ -46,7 +46,8 @@ MODEL_DOCS: Dict[str, str] = {
     "torch-expandable": "PyTorch's caching allocator, expandable segments",
     "gmlake": "GMLake as published",
     "xla-vmm": "XLA's VMM allocator (XLA_PYTHON_CLIENT_ALLOCATOR=vmm)",
-    "bfc-growth": "XLA's growing BFC: one virtual range, 64 MiB steps",
+    "bfc-growth": "XLA's growing BFC (XLA_PJRT_GPU_BFC_ALLOW_GROWTH, in "
+                  "no supported jaxlib): one virtual range, 64 MiB steps",
 }
 
 
