@@ -446,6 +446,9 @@ class ReplayResult:
     capacity: Optional[int] = None   # bytes per device, when capped
     oom: Optional[OutOfMemory] = None
     capped_peak_reserved: Optional[int] = None
+    # The same, device by device (its largest is what one device of the
+    # capacity must hold).
+    capped_peak_reserved_by_device: Optional[Dict[int, int]] = None
     #: The run under the capacity (replay(capped_figures=True)), else None.
     capped: Optional["ReplayResult"] = None
     # Driver calls by kind from each device's middle event on (the steady
@@ -689,6 +692,8 @@ def replay(trace: Trace, policy: str,
     result.capacity = max(caps.values())
     result.capped_peak_reserved = int(sum(c["peak_reserved"]
                                           for c in capped_parts))
+    result.capped_peak_reserved_by_device = {
+        int(c["device"]): int(c["peak_reserved"]) for c in capped_parts}
     first = _first_oom(capped_parts)
     if first is not None:
         result.oom = first
