@@ -7,10 +7,10 @@
 # it times kernels that do not run, and it is most of a compile's time.
 # Each run compiles afresh (`jaxlake fit` turns JAX's persistent
 # compilation cache off). The report of each fit goes to
-# $FIT/fit-N.txt, its JSON to $FIT/fit-N.json, its progress to
-# $FIT/fit-N.log; the traces stay in $FIT/traces-N (a second fit of the
-# same command reuses them).
-#   VENV=... DEVICES="1 8" VARY=batch=1..128 POLICIES=models \
+# $FIT/fit-N$TAG.txt, its JSON to $FIT/fit-N$TAG.json, its progress to
+# $FIT/fit-N$TAG.log; the traces stay in $FIT/traces-N (a second fit of
+# the same command reuses them, over any range).
+#   VENV=... DEVICES="1 8" VARY=batch=1..128 POLICIES=models TAG= \
 #     benchmarks/compat/maxtext_fit.sh
 source "$(dirname "$0")/_env.sh"
 VENV="${VENV:-$SRC/venv312}"
@@ -18,6 +18,7 @@ FIT="${FIT:-$SRC/maxtext-fit}"
 DEVICES="${DEVICES:-1 8}"
 VARY="${VARY:-batch=1..128}"
 POLICIES="${POLICIES:-models}"
+TAG="${TAG:-}"
 cfg=$("$VENV/bin/python" -c "import maxtext, os; print(os.path.join(os.path.dirname(maxtext.__file__), 'configs/base.yml'))")
 out="$SRC/maxtext-out"
 mkdir -p "$FIT"
@@ -25,16 +26,16 @@ for n in $DEVICES; do
   start=$(date +%s)
   PATH="$VENV/bin:$PATH" XLA_FLAGS="--xla_gpu_autotune_level=0" \
     "$VENV/bin/jaxlake" fit --gpu h100 --devices "$n" --vary "$VARY" \
-    --policies "$POLICIES" --traces "$FIT/traces-$n" --json "$FIT/fit-$n.json" \
+    --policies "$POLICIES" --traces "$FIT/traces-$n" --json "$FIT/fit-$n$TAG.json" \
     -- python -m maxtext.trainers.pre_train.train "$cfg" \
     model_name=qwen2.5-1.5b hardware=gpu attention=dot_product \
     dataset_type=synthetic per_device_batch_size={batch} max_target_length=1024 \
     steps=2 enable_checkpointing=false abort_on_nan_loss=false \
     run_name="fit$n" base_output_directory="$out" \
-    > "$FIT/fit-$n.txt" 2> "$FIT/fit-$n.log"
+    > "$FIT/fit-$n$TAG.txt" 2> "$FIT/fit-$n$TAG.log"
   rc=$?
   end=$(date +%s)
   echo "== maxtext fit, $n device(s), $VARY, $POLICIES: exit $rc, $((end - start)) s"
-  cat "$FIT/fit-$n.txt"
-  [ "$rc" -eq 0 ] || tail -n 20 "$FIT/fit-$n.log"
+  cat "$FIT/fit-$n$TAG.txt"
+  [ "$rc" -eq 0 ] || tail -n 20 "$FIT/fit-$n$TAG.log"
 done
