@@ -538,6 +538,17 @@ def test_a_value_that_runs_out_of_the_fake_device_is_a_shortage(
      "trying to allocate 241.00GiB. [executable_name='jit_train_step']",
      (True, 241 << 30)),
     ("RESOURCE_EXHAUSTED: Out of memory allocating something", (True, None)),
+    # XLA rounds the size to two decimals: not whole bytes, the nearest
+    ("jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while "
+     "trying to allocate 75.08GiB with allocator GPU_0_bfc on device 0.",
+     (True, round(75.08 * (1 << 30)))),
+    # under cuda_async (the lake's) the allocator's line has it exactly
+    ("E1205 gpu_cudamallocasync_allocator.cc:366] gpu_async_0 "
+     "cuMemAllocAsync failed to allocate 80621460968 bytes: "
+     "RESOURCE_EXHAUSTED: : CUDA_ERROR_OUT_OF_MEMORY\n"
+     "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while "
+     "trying to allocate 75.08GiB with allocator gpu_async_0 on device 0.",
+     (True, 80621460968)),
     ("Traceback ... ValueError: bad batch", (False, None)),
 ])
 def test_out_of_memory_is_read_from_xlas_message(

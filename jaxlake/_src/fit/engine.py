@@ -99,17 +99,31 @@ _XLA_OOM = re.compile(r"RESOURCE_EXHAUSTED: Out of memory while trying to "
                       r"allocate ([0-9.]+)\s*([KMGT]?i?B)")
 
 
+#: The stream-ordered allocator's own line (XLA_PYTHON_CLIENT_ALLOCATOR=
+#: cuda_async, which the lake serves): the request in bytes, exactly.
+_ASYNC_OOM = re.compile(r"cuMemAllocAsync failed to allocate ([0-9]+) bytes")
+
+
 def out_of_memory(output: str) -> Tuple[bool, Optional[int]]:
     """Whether the output shows XLA running out of device memory, and the
-    request's bytes where its message gives them."""
+    request's bytes where its message gives them: exactly from the
+    stream-ordered allocator's line, else from XLA's message, which rounds
+    the size to two decimals (75.08GiB: the nearest byte)."""
     if "RESOURCE_EXHAUSTED" not in output or "Out of memory" not in output:
         return False, None
+    exact = _ASYNC_OOM.findall(output)
+    if exact:
+        return True, int(exact[-1])
     match = _XLA_OOM.search(output)
     if match is None:
         return True, None
     number, unit = match.groups()
     try:
         return True, parse_size(f"{number}{unit}")
+    except ValueError:
+        pass
+    try:
+        return True, int(round(float(number) * parse_size(f"1{unit}")))
     except ValueError:
         return True, None
 
