@@ -556,7 +556,7 @@ def test_out_of_memory_is_read_from_xlas_message(
     assert engine.out_of_memory(output) == expected
 
 
-# -- several devices, and programs such as MaxText ------------------------------
+# -- several devices, and programs such as MaxText -------------------------
 
 #: MaxText's training, as `jaxlake fit` runs it: `python -m` and key=value
 #: options, the placeholder inside one of them.
