@@ -4,6 +4,7 @@ GPU on the tiny LM example, the fake GPU on small user scripts)."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import json
 import os
@@ -16,7 +17,7 @@ from typing import Any, Dict, List, Optional, Tuple
 import pytest
 from fakegpu_util import fake_gpu_reason
 
-from jaxlake._src.fit import engine, run, search
+from jaxlake._src.fit import engine, real, run, search
 from jaxlake._src.fit.search import FitError, Probe, Vary
 from jaxlake._src.trace.tracefile import TraceWriter
 
@@ -140,7 +141,8 @@ def test_json_schema(tmp_path: Path) -> None:
                      make_trace=_fragmenting(tmp_path, []))
     data = json.loads(json.dumps(report.to_json()))
     assert data["format"] == "jaxlake-fit" and data["version"] == 2
-    assert data["gpu"] == {"name": "64 MiB", "memory": 64 * MIB}
+    assert data["gpu"] == {"name": "64 MiB", "memory": 64 * MIB,
+                           "devices": 1}
     assert data["vary"]["name"] == "n"
     assert set(data["policies"]) == {"jaxlake", "bfc"}
     for name, p in data["policies"].items():
@@ -261,6 +263,11 @@ def test_fake_gpu_problem_reads_argparse_errors() -> None:
     (["--gpu", "h100", "--vary", "batch=1..4", "--fraction", "1.5", "--",
       "p", "{batch}"], "--fraction 1.5"),
     (["--gpu", "h100", "--vary", "batch=1..4"], "give the command after --"),
+    (["--gpu", "h100", "--devices", "0", "--vary", "batch=1..4", "--", "p",
+      "{batch}"], "--devices 0: give a number of devices from 1 to 64"),
+    (["--gpu", "h100", "--devices", "2", "--engine", "recorder", "--vary",
+      "batch=1..4", "--", "p", "{batch}"],
+     "devices are the fake-gpu engine's"),
 ])
 def test_bad_input_is_one_clear_line(args: List[str], words: str) -> None:
     done = _jaxlake("fit", *args, timeout=60)
@@ -532,8 +539,123 @@ def test_a_value_that_runs_out_of_the_fake_device_is_a_shortage(
      "trying to allocate 241.00GiB. [executable_name='jit_train_step']",
      (True, 241 << 30)),
     ("RESOURCE_EXHAUSTED: Out of memory allocating something", (True, None)),
+    # XLA rounds the size to two decimals: not whole bytes, the nearest
+    ("jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while "
+     "trying to allocate 75.08GiB with allocator GPU_0_bfc on device 0.",
+     (True, round(75.08 * (1 << 30)))),
+    # under cuda_async (the lake's) the allocator's line has it exactly
+    ("E1205 gpu_cudamallocasync_allocator.cc:366] gpu_async_0 "
+     "cuMemAllocAsync failed to allocate 80621460968 bytes: "
+     "RESOURCE_EXHAUSTED: : CUDA_ERROR_OUT_OF_MEMORY\n"
+     "jax.errors.JaxRuntimeError: RESOURCE_EXHAUSTED: Out of memory while "
+     "trying to allocate 75.08GiB with allocator gpu_async_0 on device 0.",
+     (True, 80621460968)),
     ("Traceback ... ValueError: bad batch", (False, None)),
 ])
 def test_out_of_memory_is_read_from_xlas_message(
         output: str, expected: Tuple[bool, Optional[int]]) -> None:
     assert engine.out_of_memory(output) == expected
+
+
+# -- several devices, and programs such as MaxText -------------------------
+
+#: MaxText's training, as `jaxlake fit` runs it: `python -m` and key=value
+#: options, the placeholder inside one of them.
+MAXTEXT = ["python", "-m", "maxtext.trainers.pre_train.train", "base.yml",
+           "model_name=qwen2.5-1.5b", "per_device_batch_size={batch}",
+           "run_name=fit"]
+
+
+def test_devices_reach_every_run_and_key_value_options_take_the_value(
+        ) -> None:
+    gpu = dataclasses.replace(engine.Gpu.parse("h100"), count=8)
+    command = search.substitute(MAXTEXT, Vary("batch", 1, 128), 16)
+    assert command[3:] == ["base.yml", "model_name=qwen2.5-1.5b",
+                           "per_device_batch_size=16", "run_name=fit"]
+    recording = engine.fake_gpu_command(command, "/tmp/t.jsonl", gpu)
+    assert "--fake-gpu-count=8" in recording
+    assert recording[recording.index("--") + 1:] == command
+    for lake in (True, False):
+        runs = real.command(command, gpu, lake=lake)
+        assert "--fake-gpu-count=8" in runs
+        assert f"--fake-gpu-memory={80 << 30}" in runs
+        assert ("--no-lake" in runs) is not lake
+    one = engine.fake_gpu_command(command, "/tmp/t.jsonl",
+                                  engine.Gpu.parse("h100"))
+    assert "--fake-gpu-count=1" in one
+
+
+def test_several_devices_are_fitted_device_by_device(tmp_path: Path) -> None:
+    # Each of 2 devices holds n MiB, on a 64 MiB GPU (48 MiB of capacity a
+    # device): n = 32 fits on each, though both together hold 64 MiB, and
+    # the figures at the largest value are one device's, not their sum.
+    def make(value: int) -> str:
+        path = tmp_path / f"d{value}.jsonl"
+        with TraceWriter(path, f"d{value}", devices=2) as w:
+            w.alloc(1, value * MIB, dev=0, kind="temp")
+            w.alloc(2, value * MIB, dev=1, kind="temp")
+        return str(path)
+
+    vary = Vary("n", 1, 64)
+    gpu = dataclasses.replace(engine.Gpu.parse("64MiB"), count=2)
+    report = run.fit(["prog", "{n}"], vary, search.grid(vary), gpu,
+                     ["jaxlake", "bfc"], make_trace=make)
+    for name in ("jaxlake", "bfc"):
+        f = report.policy(name)
+        assert f is not None and f.largest == 32, name
+        a = f.at_largest
+        assert a is not None and a.capacity == 48 * MIB
+        assert a.peak_live == 32 * MIB
+        assert 32 * MIB <= a.peak_reserved <= 48 * MIB, (name, a)
+        assert a.headroom >= 0 and 0.5 < a.utilisation <= 1.0
+        assert f.next_failure is not None and \
+            f.next_failure.reason == search.SHORTAGE
+    data = report.to_json()
+    assert data["gpu"]["devices"] == 2
+    assert data["policies"]["jaxlake"]["peak_reserved"] <= 48 * MIB
+    assert "2 devices a run" in run.format_report(report)
+
+
+def _capture_runs(monkeypatch: Any) -> List[Tuple[List[str], Dict[str, str]]]:
+    """Replaces the running of commands: each run is kept (command and
+    environment), writes the trace it is asked for, and succeeds."""
+    seen: List[Tuple[List[str], Dict[str, str]]] = []
+
+    def fake_run(command: List[str], log: str,
+                 env: Optional[Dict[str, str]] = None) -> int:
+        seen.append((list(command), dict(env or {})))
+        if "--trace" in command:
+            path = command[command.index("--trace") + 1]
+            with TraceWriter(path, "t") as w:
+                w.alloc(1, MIB)
+        return 0
+
+    monkeypatch.setattr(engine, "run_command", fake_run)
+    return seen
+
+
+def test_every_run_compiles_afresh(monkeypatch: Any, tmp_path: Path) -> None:
+    # A program that keeps JAX's persistent compilation cache (MaxText:
+    # jax_cache_dir) would load an earlier run's programs, compiled for
+    # another value or another device size, and skip compiling and
+    # autotuning: every recording and real run has the cache off.
+    seen = _capture_runs(monkeypatch)
+    monkeypatch.delenv(engine.COMPILATION_CACHE_ENV, raising=False)
+    gpu = dataclasses.replace(engine.Gpu.parse("h100"), count=2)
+    argv = search.substitute(MAXTEXT, Vary("batch", 1, 8), 2)
+    engine.record("fake-gpu", argv, str(tmp_path / "t.jsonl"), gpu,
+                  "batch=2", None)
+    for name in (real.LAKE, "real:jax-default"):
+        outcome = real.run_once(argv, gpu, real.BY_NAME[name], None,
+                                str(tmp_path / "run.log"), "batch=2", None)
+        assert outcome.fits
+    assert len(seen) == 3
+    for command, env in seen:
+        assert env[engine.COMPILATION_CACHE_ENV] == "false", command
+        assert "--fake-gpu-count=2" in command
+    # the program's own choice stands
+    seen.clear()
+    monkeypatch.setenv(engine.COMPILATION_CACHE_ENV, "true")
+    engine.record("fake-gpu", argv, str(tmp_path / "u.jsonl"), gpu,
+                  "batch=2", None)
+    assert seen[0][1][engine.COMPILATION_CACHE_ENV] == "true"

@@ -3,8 +3,8 @@
 # requires): maxtext's `cuda12` extra (jax 0.12 with NVIDIA's wheels) less
 # transformer-engine-jax, an sdist that compiles against the CUDA toolkit's
 # headers (cuda_runtime_api.h) and so does not build without one; MaxText's
-# default attention on a GPU does not need it. Then maxtext itself and
-# jaxlake built from this checkout.
+# default attention on a GPU does not need it. Then maxtext itself,
+# equinox and keras-hub, and jaxlake built from this checkout.
 #   benchmarks/compat/install_maxtext.sh [VENV]   (default ~/.cache/jaxlake-compat/venv312)
 source "$(dirname "$0")/_env.sh"
 set -e
@@ -28,5 +28,9 @@ with zipfile.ZipFile(sys.argv[1]) as z:
 PY
 "$VENV/bin/pip" install -q -r "$SRC/maxtext-req.txt"
 "$VENV/bin/pip" install -q --no-deps maxtext==0.2.5
+# The Equinox and Keras rows at jax 0.12 run in this venv too; keras-hub
+# brings TensorFlow 2.21 (through tensorflow-text); the extra's
+# requirements still hold (h5py goes from 3.16 to 3.14: it asks >=3.14).
+"$VENV/bin/pip" install -q equinox keras-hub
 "$VENV/bin/pip" install -q --no-build-isolation --no-deps "$REPO"
-"$VENV/bin/pip" list 2>/dev/null | grep -iE "^(jax|jaxlib|flax|maxtext|jaxlake) "
+"$VENV/bin/pip" list 2>/dev/null | grep -iE "^(jax|jaxlib|flax|maxtext|equinox|keras|keras-hub|jaxlake) "

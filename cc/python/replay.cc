@@ -404,8 +404,10 @@ struct TraceReplay {
   vmm::CallCounts fit_calls_second_half{};
   vmm::CallTimes fit_driver_us{};
   // Under the capacity: each device's capped replay, or its uncapped one
-  // where that fit, merged.
+  // where that fit, merged; and each device's peak reserved bytes there,
+  // in the order of `devices`.
   std::optional<ReplayResult> capped;
+  std::vector<std::uint64_t> capped_peak_reserved_by_device;
 };
 
 TraceReplay RunTraceReplay(const PyTrace& trace, const std::string& policy,
@@ -492,6 +494,8 @@ TraceReplay RunTraceReplay(const PyTrace& trace, const std::string& policy,
           return out;
         }
       }
+      for (const ReplayResult& c : capped_parts)
+        out.capped_peak_reserved_by_device.push_back(c.peak_reserved);
       out.capped = Merge(capped_parts);
     }
   }
@@ -765,7 +769,9 @@ void BindReplay(nb::module_& m) {
       .def_prop_ro("fit_calls_second_half",
                    KindProperty(&TraceReplay::fit_calls_second_half))
       .def_prop_ro("fit_driver_us", KindProperty(&TraceReplay::fit_driver_us))
-      .def_ro("capped", &TraceReplay::capped);
+      .def_ro("capped", &TraceReplay::capped)
+      .def_ro("capped_peak_reserved_by_device",
+              &TraceReplay::capped_peak_reserved_by_device);
 
   m.def("replay", &RunReplay, "trace"_a, "policy"_a, "options"_a,
         "device"_a = 0, "timeline_points"_a = 1000, "timing"_a = true,

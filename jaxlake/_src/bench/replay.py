@@ -450,6 +450,9 @@ class ReplayResult:
     capacity: Optional[int] = None   # bytes per device, when capped
     oom: Optional[OutOfMemory] = None
     capped_peak_reserved: Optional[int] = None
+    # The same, device by device (its largest is what one device of the
+    # capacity must hold).
+    capped_peak_reserved_by_device: Optional[Dict[int, int]] = None
     #: The run under the capacity (replay(capped_figures=True)), else None.
     capped: Optional["ReplayResult"] = None
     # Driver calls by kind from each device's middle event on (the steady
@@ -690,6 +693,9 @@ def replay(trace: Trace, policy: str,
         return result
     result.capacity = max(caps.values())
     result.capped_peak_reserved = run.capped.peak_reserved
+    result.capped_peak_reserved_by_device = {
+        int(d): int(r) for d, r in
+        zip(devices, run.capped_peak_reserved_by_device)}
     first = out_of_memory(run.capped)
     if first is not None:
         result.oom = first

@@ -4,6 +4,7 @@ allocator fits on a named GPU, without a GPU."""
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -47,6 +48,12 @@ def register(commands: Any) -> None:
     f.add_argument("--gpu", required=True, metavar="GPU",
                    help="h100, h200, a100-80gb or a device size such as "
                         "256MiB")
+    f.add_argument("--devices", type=int, default=1, metavar="N",
+                   help="GPUs each run of the program has (default 1; "
+                        "fake-gpu engine): the fake GPU gives it N devices "
+                        "of the GPU's memory, and a value fits when every "
+                        "device fits (the figures are the fullest "
+                        "device's)")
     f.add_argument("--vary", required=True, metavar="NAME=LO..HI",
                    help="the placeholder {NAME} of COMMAND and its range")
     f.add_argument("--step", default="pow2", metavar="STEP",
@@ -158,6 +165,14 @@ def main(args: argparse.Namespace) -> int:
                            "--gpu h100 --vary batch=1..64 -- python "
                            "train.py --batch {batch}`")
         gpu = _engine.Gpu.parse(args.gpu)
+        if not 1 <= args.devices <= _engine.MAX_DEVICES:
+            raise FitError(f"--devices {args.devices}: give a number of "
+                           f"devices from 1 to {_engine.MAX_DEVICES}")
+        if args.devices != 1 and args.engine != "fake-gpu":
+            raise FitError(f"--devices {args.devices}: the {args.engine} "
+                           "engine runs the program on no device; devices "
+                           "are the fake-gpu engine's (the default)")
+        gpu = dataclasses.replace(gpu, count=args.devices)
         vary = Vary.parse(args.vary)
         step, increment = parse_step(args.step)
         values = grid(vary, step, increment)
@@ -182,7 +197,9 @@ def main(args: argparse.Namespace) -> int:
             progress.write(
                 f"jaxlake fit: {len(values)} candidate values of "
                 f"{vary.name} ({', '.join(map(str, values))}), engine "
-                f"{args.engine}, {len(policies)} policies\n")
+                f"{args.engine}"
+                + (f", {gpu.count} devices a run" if gpu.count > 1 else "")
+                + f", {len(policies)} policies\n")
         report = _run.fit(argv, vary, values, gpu, policies, args.engine,
                           fraction, lake_capacity, reserve, args.traces,
                           progress)

@@ -33,17 +33,33 @@ GPUS: Dict[str, Tuple[str, int]] = {
     "a100-80gb": ("h100", 80 << 30),
 }
 
+#: The most fake devices one run may have (`jaxlake run --fake-gpu-count`).
+MAX_DEVICES = 64
+
+#: JAX's switch for its persistent compilation cache.
+COMPILATION_CACHE_ENV = "JAX_ENABLE_COMPILATION_CACHE"
+
 #: Lines of a failed command's output shown in the error.
 TAIL_LINES = 15
 
 
 @dataclasses.dataclass(frozen=True)
 class Gpu:
-    """The GPU a fit is for: a name and its device memory."""
+    """The GPU a fit is for: a name, its device memory, and how many of
+    them each run of the program has (`jaxlake fit --devices`: the fake
+    GPU gives every run that many devices of this memory)."""
 
     name: str
     memory: int
     fake_model: str = "h100"
+    count: int = 1
+
+    def fake_gpu_options(self, memory: int) -> List[str]:
+        """`jaxlake run`'s options for this GPU's fake devices, each of
+        `memory` bytes."""
+        return [f"--fake-gpu={self.fake_model}",
+                f"--fake-gpu-count={self.count}",
+                f"--fake-gpu-memory={memory}"]
 
     @classmethod
     def parse(cls, text: str) -> "Gpu":
@@ -83,17 +99,31 @@ _XLA_OOM = re.compile(r"RESOURCE_EXHAUSTED: Out of memory while trying to "
                       r"allocate ([0-9.]+)\s*([KMGT]?i?B)")
 
 
+#: The stream-ordered allocator's own line (XLA_PYTHON_CLIENT_ALLOCATOR=
+#: cuda_async, which the lake serves): the request in bytes, exactly.
+_ASYNC_OOM = re.compile(r"cuMemAllocAsync failed to allocate ([0-9]+) bytes")
+
+
 def out_of_memory(output: str) -> Tuple[bool, Optional[int]]:
     """Whether the output shows XLA running out of device memory, and the
-    request's bytes where its message gives them."""
+    request's bytes where its message gives them: exactly from the
+    stream-ordered allocator's line, else from XLA's message, which rounds
+    the size to two decimals (75.08GiB: the nearest byte)."""
     if "RESOURCE_EXHAUSTED" not in output or "Out of memory" not in output:
         return False, None
+    exact = _ASYNC_OOM.findall(output)
+    if exact:
+        return True, int(exact[-1])
     match = _XLA_OOM.search(output)
     if match is None:
         return True, None
     number, unit = match.groups()
     try:
         return True, parse_size(f"{number}{unit}")
+    except ValueError:
+        pass
+    try:
+        return True, int(round(float(number) * parse_size(f"1{unit}")))
     except ValueError:
         return True, None
 
@@ -119,8 +149,7 @@ def jaxlake_command() -> List[str]:
 def fake_gpu_command(argv: Sequence[str], trace: str, gpu: Gpu) -> List[str]:
     """The command line of one fake-GPU recording."""
     return [*jaxlake_command(), "run",
-            f"--fake-gpu={gpu.fake_model}",
-            f"--fake-gpu-memory={fake_gpu_memory(gpu)}",
+            *gpu.fake_gpu_options(fake_gpu_memory(gpu)),
             "--trace", trace, "--", *argv]
 
 
@@ -210,6 +239,19 @@ class Progress:
             self.finish("interrupted" if exc[0] else "done")
 
 
+def fresh_compile(env: Dict[str, str]) -> Dict[str, str]:
+    """`env` with JAX's persistent compilation cache off, unless it
+    already says whether to use it. Every run of a fit compiles afresh: a
+    program that keeps a cache (MaxText's jax_cache_dir, ~/jax_cache by
+    default) would otherwise load what an earlier run compiled (another
+    value's recording, on a device of another size) and skip XLA's
+    compilation and autotuning, whose allocations are part of a first
+    run's peak; which runs found their programs there would depend on the
+    order of the search."""
+    env.setdefault(COMPILATION_CACHE_ENV, "false")
+    return env
+
+
 def run_command(command: Sequence[str], log: str,
                 env: Optional[Dict[str, str]] = None) -> int:
     """Runs `command` with its output to the file `log`; its exit status
@@ -242,6 +284,7 @@ def record(engine: str, argv: Sequence[str], trace: str, gpu: Gpu,
     env = dict(os.environ)
     env.setdefault("PYTHONUNBUFFERED", "1")
     if engine == "fake-gpu":
+        fresh_compile(env)
         # A JAX_PLATFORMS of this shell (cpu, say) would keep the program
         # off the fake GPU, whose buffers are the point.
         platforms = env.get("JAX_PLATFORMS", "")

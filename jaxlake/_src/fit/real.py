@@ -308,10 +308,10 @@ def run_environment(environ: Mapping[str, str], policy: RealPolicy,
 
 def command(argv: Sequence[str], gpu: _engine.Gpu,
             lake: bool = False) -> List[str]:
-    """`jaxlake run` on a fake device of exactly the GPU's memory, with
-    XLA's own allocator (with the lake when `lake`)."""
-    return [*_engine.jaxlake_command(), "run", f"--fake-gpu={gpu.fake_model}",
-            f"--fake-gpu-memory={gpu.memory}",
+    """`jaxlake run` on fake devices of exactly the GPU's memory (as many
+    as gpu.count), with XLA's own allocator (with the lake when `lake`)."""
+    return [*_engine.jaxlake_command(), "run",
+            *gpu.fake_gpu_options(gpu.memory),
             *([] if lake else ["--no-lake"]), "--", *argv]
 
 
@@ -366,7 +366,8 @@ def run_once(argv: Sequence[str], gpu: _engine.Gpu, policy: RealPolicy,
     another reason than memory (FakeGpuUnavailable when the fake cannot
     start)."""
     cmd = command(argv, gpu, policy.lake)
-    env = run_environment(os.environ, policy, fraction)
+    env = _engine.fresh_compile(run_environment(os.environ, policy,
+                                                fraction))
     with _engine.Progress(progress, label) as p:
         code = _engine.run_command(cmd, log, env)
         output = _engine.tail(log, 400)

@@ -196,7 +196,12 @@ class Fitter:
         replayed, options = MODEL_VARIANTS.get(policy, (policy, None))
         result = _replay.replay(trace, replayed, cap, timeline_points=0,
                                 timing=False, options=options)
-        reserved = result.capped_peak_reserved \
+        # Per device: the largest device's reserved bytes, as its peak
+        # live bytes are the fullest device's (the replay's figures are
+        # sums over the devices).
+        by_device = result.capped_peak_reserved_by_device
+        reserved = max(by_device.values()) if by_device else \
+            result.capped_peak_reserved \
             if result.capped_peak_reserved is not None \
             else result.peak_reserved
         p = Probe(value=value, fits=result.oom is None, capacity=cap,
@@ -366,7 +371,8 @@ class FitReport:
         jd = self.jax_default
         return {
             "format": JSON_FORMAT, "version": 2,
-            "gpu": {"name": self.gpu.name, "memory": self.gpu.memory},
+            "gpu": {"name": self.gpu.name, "memory": self.gpu.memory,
+                    "devices": self.gpu.count},
             "vary": {"name": self.vary.name, "lo": self.vary.lo,
                      "hi": self.vary.hi, "values": self.values},
             "engine": self.engine, "command": self.command,
@@ -446,7 +452,10 @@ def fit(argv: Sequence[str], vary: Vary, values: Sequence[int],
         # The fake GPU's model is part of its trace; the recorder's traces
         # are the same for every GPU (its compile is an H100's).
         model = gpu.fake_model if engine == "fake-gpu" else ""
-        key = hashlib.sha1(json.dumps([engine, model, command])
+        # (the device count is part of a fake-GPU run's key, its default
+        # left out so that traces made before it keep their names)
+        count = [gpu.count] if gpu.count != 1 else []
+        key = hashlib.sha1(json.dumps([engine, model, command] + count)
                            .encode()).hexdigest()[:12]
         path = os.path.join(folder, f"{vary.name}-{value}-{key}.jsonl")
         label = f"{vary.name}={value}"
@@ -460,8 +469,9 @@ def fit(argv: Sequence[str], vary: Vary, values: Sequence[int],
     def engine_run(policy: _real.RealPolicy, value: int,
                    label: str) -> _real.Outcome:
         command = substitute(argv, vary, value)
-        key = hashlib.sha1(json.dumps([policy.name, gpu.memory, command])
-                           .encode()).hexdigest()[:12]
+        count = [gpu.count] if gpu.count != 1 else []
+        key = hashlib.sha1(json.dumps([policy.name, gpu.memory, command]
+                                      + count).encode()).hexdigest()[:12]
         log = os.path.join(folder, f"{policy.name[len(_real.PREFIX):]}-"
                            f"{vary.name}-{value}-{key}.log")
         return _real.run_once(command, gpu, policy, fraction, log, label,
@@ -578,19 +588,24 @@ def format_report(report: FitReport) -> str:
     models = {n: c for n, c in report.capacity.items()
               if not _real.is_real(n)}
     reals = [n for n in report.capacity if _real.is_real(n)]
+    devices = (f", {report.gpu.count} devices a run (every device must "
+               "fit; the figures are the fullest device's)"
+               if report.gpu.count > 1 else "")
     lines = [
         f"jaxlake fit: largest {v} on {report.gpu.name} "
         f"({size(report.gpu.memory)}; capacity {report.fraction:g} of it"
         + (", less the memory XLA takes outside its pool"
            if report.outside_pool is not None else "")
-        + "), engine " + report.engine]
+        + ")" + devices + ", engine " + report.engine]
     if models:
         lines.append(outside_line(report))
         lines.append("capacity: " + ", ".join(
             f"{n} {size(c)}" for n, c in models.items()))
     if reals:
-        lines.append(f"real runs: the program on XLA's own allocator over a "
-                     f"fake device of {size(report.gpu.memory)}, which XLA "
+        each = (f"{report.gpu.count} fake devices of" if report.gpu.count > 1
+                else "a fake device of")
+        lines.append(f"real runs: the program on XLA's own allocator over "
+                     f"{each} {size(report.gpu.memory)}, which XLA "
                      "shares as it does on the GPU; XLA's out-of-memory "
                      "error is the verdict")
     lines.append("")
