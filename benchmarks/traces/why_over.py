@@ -37,7 +37,7 @@ from typing import Any, Dict, List, Optional, Sequence
 
 import numpy as np
 
-from jaxlake._src.bench.replay import _core, _options
+from jaxlake._src.bench.replay import _core, _options, device_bytes
 from jaxlake._src.trace.tracefile import read_trace
 
 GRANULE = 2 << 20
@@ -72,11 +72,12 @@ def explain(path: str, dev: int) -> Optional[Dict[str, Any]]:
     peak = int(trace.core.peak_live(dev))
     if peak == 0:
         return None
-    fit = dict(_core().fit(trace.core, "jaxlake", _options(GRANULE, None),
-                           dev))
-    if not fit["found"]:
+    run = _core().replay_trace(
+        trace.core, "jaxlake", [dev], [_options(device_bytes(peak), None)],
+        None, 0, False, 0, [1], True, False)
+    if not run.fit_found:
         raise SystemExit(f"{path}: device {dev}: no fit capacity found")
-    cap = int(fit["capacity"])
+    cap = int(run.fit_capacity)
     ev = _device_events(trace, dev)
     peak_event = int(np.argmax(ev["live"]))
     out: Dict[str, Any] = {
