@@ -237,8 +237,8 @@ def test_shim_refuses_both_xla_memory_fractions(fake_driver: str) -> None:
            "XLA_CLIENT_MEM_FRACTION": "0.9",
            "XLA_PYTHON_CLIENT_MEM_FRACTION": "0.5"}
     result = run_python("""
-        from jaxlake._src.xla import driver
-        shim = driver._Shim(driver.shim_path())
+        from jaxlake._src.xla import shim as shim_module
+        shim = shim_module._Shim(shim_module.shim_path())
         print("ACTIVE", shim.active)
         print("REASON", shim.reason())
     """, env)
