@@ -297,11 +297,12 @@ def test_memory_stats_under_the_lake_has_its_capacity_and_figures() -> None:
     assert stats["bytes_in_use"] <= stats["bytes_reserved"] \
         <= stats["bytes_limit"]
     assert stats["peak_bytes_in_use"] <= stats["peak_bytes_reserved"]
-    # Three 20 MiB buffers were freed and stay in the lake (less what the
-    # step took again): stitching can serve all of it at once, more than
-    # the largest free run.
+    # Three 20 MiB buffers were freed and stay in the lake, less what the
+    # step took again (its 20 MiB temporary, and a chunk or two for its
+    # small outputs): stitching can serve all of it at once, more than the
+    # largest free run.
     assert stats["largest_free_block_bytes"] == raw["free"]["bytes"] \
-        >= 40 << 20
+        >= 36 << 20
     assert raw["free"]["bytes"] > raw["free"]["largest_block"] > 0
     assert stats["largest_alloc_size"] >= 20 << 20
     assert stats["num_allocs"] >= 6
