@@ -392,11 +392,11 @@ import ctypes, gc
 from jaxlake._src.xla import fakegpu
 fake = ctypes.CDLL(fakegpu.library_path())
 MiB = 1 << 20
+fake.jaxlake_fakegpu_vmm.restype = ctypes.c_ulonglong
 def live():
-    h, m = ctypes.c_ulonglong(), ctypes.c_ulonglong()
-    fake.jaxlake_fakegpu_vmm_live(ctypes.byref(h), ctypes.byref(m))
-    fake.jaxlake_fakegpu_vmm_reserved.restype = ctypes.c_ulonglong
-    return [h.value, m.value, fake.jaxlake_fakegpu_vmm_reserved()]
+    # physical handles alive, bytes mapped, address space reserved
+    return [fake.jaxlake_fakegpu_vmm(f) for f in
+            (b"handles", b"mapped", b"reserved")]
 def put(n, v):
     data = np.full(n * MiB // 4, v, np.float32)
     try:

@@ -71,12 +71,6 @@ void jaxlake_fakegpu_synchronize(int device);
 int jaxlake_fakegpu_fail_call(const char* name, unsigned long long nth,
                               int code);
 
-/* VMM address space reserved now, in bytes (state.cc), and the physical
- * handles not yet released and the live mappings (memory.cc). */
-unsigned long long jaxlake_fakegpu_vmm_reserved(void);
-void jaxlake_fakegpu_vmm_live(unsigned long long* handles,
-                              unsigned long long* mappings);
-
 /* With shared device memory (JAXLAKE_FAKEGPU_SHARED): each process's
  * bytes on `device`, up to `max` of them in pids and used; returns the
  * number of processes with a slot, or -1 when the memory is not shared.

@@ -1049,15 +1049,4 @@ FAKE cuMemPoolSetAccess(CUmemoryPool pool, const CUmemAccessDesc* desc,
 }
 
 
-// ---- figures for the tests --------------------------------------------------
-
-// Physical handles created and not yet released, and live VMM mappings.
-__attribute__((visibility("default"))) void jaxlake_fakegpu_vmm_live(
-    unsigned long long* handles, unsigned long long* mappings) {
-  Driver& d = D();
-  std::lock_guard<std::mutex> lock(d.mu);
-  if (handles != nullptr) *handles = d.handles.size();
-  if (mappings != nullptr) *mappings = d.mappings.size();
-}
-
 }  // extern "C"

@@ -734,11 +734,3 @@ jaxlake_fakegpu_fail_call(const char* name, unsigned long long nth,
   c.armed[name][now + nth] = code;
   return 0;
 }
-
-// VMM address space reserved now, in bytes.
-extern "C" __attribute__((visibility("default"))) unsigned long long
-jaxlake_fakegpu_vmm_reserved() {
-  jaxlake::fakegpu::Counters& c = jaxlake::fakegpu::C();
-  std::lock_guard<std::mutex> lock(c.mu);
-  return static_cast<unsigned long long>(c.vmm_reserved);
-}
