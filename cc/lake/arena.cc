@@ -39,11 +39,11 @@ bool Lake::Impl::MergeTags(const Tag& a, const Tag& b, Tag* out) const {
     *out = a.seq >= b.seq ? a : b;
     return true;
   }
-  if (Safe(a)) {
+  if (clock.Safe(a)) {
     *out = b;
     return true;
   }
-  if (Safe(b)) {
+  if (clock.Safe(b)) {
     *out = a;
     return true;
   }
@@ -119,7 +119,7 @@ bool Lake::Impl::RangeFree(std::uint64_t seg_id, std::uint64_t start,
   --it;
   const Block& b = it->second;
   return b.state == BlockState::kFree && b.end >= start + n &&
-         Usable(b.tag, s);
+         clock.Usable(b.tag, s);
 }
 
 void Lake::Impl::RecordEvent(bool allocate, std::uintptr_t addr,
@@ -291,14 +291,14 @@ std::uint64_t Lake::Impl::ClaimGrowth(std::uint64_t need, std::uint64_t most) {
 // A free block of >= n chunks usable by stream s (best fit), or false.
 bool Lake::Impl::FindFit(std::uint64_t n, Stream s, FreeKey* out) const {
   auto it = free_index.lower_bound(FreeKey(n, 0, 0));
-  if (OnlyStream(s)) {  // every free block is usable: no tag to look at
+  if (clock.OnlyStream(s)) {  // every free block is usable: no tag to look at
     if (it == free_index.end()) return false;
     *out = *it;
     return true;
   }
   for (; it != free_index.end(); ++it) {
     const auto [len, seg_id, start] = *it;
-    if (Usable(segs.at(seg_id).blocks.at(start).tag, s)) {
+    if (clock.Usable(segs.at(seg_id).blocks.at(start).tag, s)) {
       *out = *it;
       return true;
     }

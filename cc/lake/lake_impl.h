@@ -6,6 +6,9 @@
 #define JAXLAKE_CC_LAKE_LAKE_IMPL_H_
 
 #include "cc/lake/lake.h"
+#include "cc/lake/small_pool.h"
+#include "cc/lake/stitch_cache.h"
+#include "cc/lake/stream_clock.h"
 #include "cc/lake/structures.h"
 
 #include <algorithm>
@@ -45,7 +48,8 @@ struct Lake::Impl {
   NodePool nodes;  // before the containers that use it
   SegmentTable segs;
   FreeIndex free_index{NodeAlloc<FreeKey>(&nodes)};  // by (units, seg, start)
-  std::unordered_map<std::uint64_t, Stitched> stitched;
+  // Stitched ranges, live or cached (stitch_cache.h).
+  StitchCache stitches;
   // Growth ranges by base address; new segments go into `current_range`
   // (0: none yet), back to back (docs/design.md, "Growth").
   std::map<std::uintptr_t, GrowthRange> ranges;
@@ -53,17 +57,12 @@ struct Lake::Impl {
   // range, for free runs that cross segment boundaries.
   std::map<std::uintptr_t, std::uint64_t> seg_by_va;
   std::uintptr_t current_range = 0;
-  std::list<std::uint64_t> lru;  // cached stitched ids, most recent first
-  std::unordered_map<std::uint64_t, Slab> slabs;
-  std::map<std::uintptr_t, std::uint64_t> slab_by_base;
-  // Per stream: free small ranges as (length, address).
-  std::unordered_map<Stream, std::set<std::pair<std::size_t, std::uintptr_t>>>
-      small_free;
+  // Slabs and their small ranges (small_pool.h).
+  SmallPool small;
   std::uint64_t next_id = 1;
   // Room for 1,536 live allocations before the table first grows (a
   // growth moves every entry, inside a timed allocation).
   LiveTable live{2048};
-  std::unordered_map<Stream, StreamState> streams;
   std::size_t pending_bytes = 0;  // physical bytes being created right now
   // Segment creations finished (whether they succeeded or not), and the
   // signal of each: a request refused while others' creations hold the
@@ -86,6 +85,9 @@ struct Lake::Impl {
   // other threads did meanwhile.
   std::uint64_t changes = 0;
   Stats st;
+  // Per-stream free tags and events (after `changes` and `st`, which it
+  // counts into).
+  StreamClock clock{drv, {&changes, &st.driver_errors, &st.event_waits}};
   std::vector<Unreleased> unreleased;
   // Entries taken out of `unreleased` by a retry in progress (lock
   // released): still counted by the gauges.
@@ -106,44 +108,9 @@ struct Lake::Impl {
         prealloc_pending(o.preallocate) {
   }
 
-  // ---- stream ordering and events (streams.cc) -------------------------
-  // The state of stream s, made on first use. The last one used is kept
-  // at hand: most frees in a row come from one stream. (Entries are never
-  // erased, and an unordered_map's elements do not move.)
-  StreamState& StreamOf(Stream s) {
-    if (last_state == nullptr || last_stream != s) {
-      last_state = &streams[s];
-      last_stream = s;
-    }
-    return *last_state;
-  }
-  Stream last_stream = 0;
-  StreamState* last_state = nullptr;
-  Tag FreeTag(Stream s) { return Tag{s, ++StreamOf(s).free_seq}; }
-  bool Safe(const Tag& t) const {
-    if (t.seq == 0) return true;
-    auto it = streams.find(t.stream);
-    return it != streams.end() && it->second.completed >= t.seq;
-  }
-  bool Usable(const Tag& t, Stream s) const {
-    return t.stream == s || Safe(t);
-  }
-
-  // True when no stream but s has ever freed anything: then every tag is
-  // s's own or never used, and every free block is usable by s.
-  bool OnlyStream(Stream s) const {
-    return streams.empty() ||
-           (streams.size() == 1 && streams.begin()->first == s);
-  }
-  bool AdvanceStreams(std::optional<Stream> except = std::nullopt);
-
-  // Marks the frees of a stream up to `seq` complete.
-  void Complete(StreamState& ss, std::uint64_t seq) {
-    if (seq > ss.completed) {
-      ss.completed = seq;
-      ++changes;
-    }
-  }
+  // ---- stream ordering (stream_clock.h) ----------------------------------
+  // Waits (lock released) for every pending stream event; true if some
+  // frees completed (reclaim.cc).
   bool WaitStreams(std::unique_lock<std::mutex>& lk);
 
   // ---- blocks, gauges and segments (arena.cc) --------------------------
@@ -249,15 +216,15 @@ struct Lake::Impl {
       for (int round = 0; round < 3; ++round) {
         bool progress = false;
         if (round == 0) {
-          progress = AdvanceStreams();
+          progress = clock.Advance();
         } else if (round == 1) {
           progress = WaitStreams(lk);
         } else {
-          const std::size_t cached = lru.size();
+          const std::size_t cached = stitches.cached();
           progress = RetryUnreleased(lk, nullptr, nullptr) > 0;
           TrimCache(lk, 0);
           progress = ReleaseFreeSegments(lk) > 0 || progress ||
-                     lru.size() != cached;
+                     stitches.cached() != cached;
         }
         if (!progress && changes == seen) continue;
         Coalesce();
@@ -375,14 +342,6 @@ struct Lake::Impl {
   void ReturnSmall(std::uint64_t slab_id, std::size_t off, std::size_t len);
   void DropEmptySlab(std::uint64_t slab_id);
 
-  // A small range freed on another stream than its slab's waits here until
-  // that free is complete; only then may the slab's stream reuse it.
-  struct Deferred {
-    Tag tag;
-    std::uint64_t slab;
-    std::size_t off, len;
-  };
-  std::vector<Deferred> deferred_small;
   void FreeSmall(std::uintptr_t addr, const Alloc& a, Stream s);
   void FlushDeferredSmall();
   Status Small(std::unique_lock<std::mutex>& lk, std::size_t size, Stream s,

@@ -4,6 +4,17 @@
 
 namespace jaxlake {
 
+// Waits (lock released) for every pending stream event. Returns true if
+// something completed (StreamClock::FinishWaits says which frees).
+bool Lake::Impl::WaitStreams(std::unique_lock<std::mutex>& lk) {
+  std::vector<StreamClock::Wait> waits = clock.PendingWaits();
+  if (waits.empty()) return false;
+  lk.unlock();
+  clock.Synchronize(&waits);
+  lk.lock();
+  return clock.FinishWaits(waits);
+}
+
 // Calls the driver (lock released) for what is left of `u`, in order, and
 // keeps in `u` what still failed. Returns kOk or the first failure, whose
 // call is named in *what.
@@ -120,7 +131,7 @@ std::size_t Lake::Impl::ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
   for (auto [id, seg] : segs) {
     const Block& first = seg.blocks.begin()->second;
     if (seg.stitch_refs == 0 && seg.blocks.size() == 1 &&
-        first.state == BlockState::kFree && Safe(first.tag)) {
+        first.state == BlockState::kFree && clock.Safe(first.tag)) {
       IndexRemove(id, 0, first);
       ids.push_back(id);
     }
@@ -231,10 +242,10 @@ std::size_t Lake::empty_cache(Status* status) {
   // Whatever the streams' state (another call may have advanced them
   // already): bring back small ranges freed on other streams, then fence
   // the frees that made (and the slabs they emptied).
-  m.AdvanceStreams();
-  if (!m.deferred_small.empty()) {
+  m.clock.Advance();
+  if (m.small.HasDeferred()) {
     m.FlushDeferredSmall();
-    m.AdvanceStreams();
+    m.clock.Advance();
   }
   std::size_t released = m.RetryUnreleased(lk, &first, &error);
   m.TrimCache(lk, 0, &first, &error);

@@ -22,7 +22,7 @@ bool Lake::Impl::LastFree(std::uint64_t seg_id, Stream s,
                           std::uint64_t* start) const {
   const Segment& seg = segs.at(seg_id);
   const auto& [at, b] = *seg.blocks.rbegin();
-  if (b.state != BlockState::kFree || !Usable(b.tag, s)) return false;
+  if (b.state != BlockState::kFree || !clock.Usable(b.tag, s)) return false;
   *start = at;
   return true;
 }
@@ -30,7 +30,7 @@ bool Lake::Impl::LastFree(std::uint64_t seg_id, Stream s,
 bool Lake::Impl::FirstFree(std::uint64_t seg_id, Stream s,
                            std::uint64_t* end) const {
   const Block& b = segs.at(seg_id).blocks.begin()->second;
-  if (b.state != BlockState::kFree || !Usable(b.tag, s)) return false;
+  if (b.state != BlockState::kFree || !clock.Usable(b.tag, s)) return false;
   *end = b.end;
   return true;
 }

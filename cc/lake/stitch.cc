@@ -14,17 +14,14 @@ void Lake::Impl::StitchRefs(const Stitched& r, int delta) {
 // A driver failure keeps what is left for a retry; kOk or that failure.
 Status Lake::Impl::DropStitched(std::unique_lock<std::mutex>& lk,
                                 std::uint64_t id, const char** what) {
-  Stitched& r = stitched.at(id);
-  if (r.cached) {
-    lru.erase(r.lru);
-    r.cached = false;
-  }
+  stitches.Uncache(id);
+  Stitched& r = stitches.at(id);
   if (r.alias) {  // nothing of its own is mapped: no driver call
     StitchRefs(r, -1);
     st.stitched_bytes.add(-static_cast<std::int64_t>(std::size_t{r.nunits} *
                                                       unit));
     ++st.stitch_evictions;
-    stitched.erase(id);
+    stitches.Erase(id);
     ++changes;
     return Status::kOk;
   }
@@ -40,11 +37,11 @@ Status Lake::Impl::DropStitched(std::unique_lock<std::mutex>& lk,
   lk.unlock();
   const Status s = Teardown(undo, what);
   lk.lock();
-  Stitched& r2 = stitched.at(id);
+  Stitched& r2 = stitches.at(id);
   StitchRefs(r2, -1);
   st.stitched_bytes.add(-static_cast<std::int64_t>(bytes));
   ++st.stitch_evictions;
-  stitched.erase(id);
+  stitches.Erase(id);
   ++changes;
   if (s != Status::kOk) {
     ++st.driver_errors;
@@ -61,15 +58,11 @@ Status Lake::Impl::DropStitched(std::unique_lock<std::mutex>& lk,
 void Lake::Impl::TrimCache(std::unique_lock<std::mutex>& lk, std::size_t keep,
                            Status* status, std::string* error) {
   bool advanced = false;
-  while (lru.size() > keep) {
-    std::uint64_t victim = 0;
-    for (auto it = lru.rbegin(); it != lru.rend(); ++it)
-      if (Safe(stitched.at(*it).tag)) {
-        victim = *it;
-        break;
-      }
+  while (stitches.cached() > keep) {
+    const std::uint64_t victim = stitches.Oldest(
+        [&](const Stitched& r) { return clock.Safe(r.tag); });
     if (victim == 0) {
-      if (advanced || !AdvanceStreams()) return;  // all still in flight
+      if (advanced || !clock.Advance()) return;  // all still in flight
       advanced = true;
       continue;
     }
@@ -83,7 +76,7 @@ Alloc Lake::Impl::StitchedAlloc(std::uint64_t id, std::size_t size,
                                 Stream s) const {
   Alloc a;
   a.size = size;
-  a.rounded = std::size_t{stitched.at(id).used} * unit;
+  a.rounded = std::size_t{stitches.at(id).used} * unit;
   a.stream = s;
   a.kind = Kind::kStitched;
   a.owner = id;
@@ -93,21 +86,19 @@ Alloc Lake::Impl::StitchedAlloc(std::uint64_t id, std::size_t size,
 bool Lake::Impl::TryReuse(std::uint64_t n, Stream s, std::size_t size,
                           std::uintptr_t* addr) {
   int candidates = 0;
-  for (auto it = lru.begin(); it != lru.end(); ++it) {
-    Stitched& r = stitched.at(*it);
+  for (const std::uint64_t id : stitches.MostRecentFirst()) {
+    Stitched& r = stitches.at(id);
     if (r.nunits - r.lead < n) continue;
     if (++candidates > kReuseCandidates) break;
     // Reusing the range's VA from another stream needs its last use done.
-    if (!Usable(r.tag, s)) continue;
+    if (!clock.Usable(r.tag, s)) continue;
     bool ok = true;
     ForUsed(r, n, [&](std::uint64_t seg, std::uint64_t start,
                       std::uint64_t k) {
       ok = ok && RangeFree(seg, start, k, s);
     });
     if (!ok) continue;
-    const std::uint64_t id = *it;
-    lru.erase(it);
-    r.cached = false;
+    stitches.Uncache(id);  // the loop goes no further: this returns
     r.used = n;
     ForUsed(r, n, [&](std::uint64_t seg, std::uint64_t start,
                       std::uint64_t k) {
@@ -137,7 +128,7 @@ bool Lake::Impl::FindHead(std::uint64_t units, Stream s,
     const std::uint64_t part = end - c;
     if (part < units || (best != 0 && part >= best)) continue;
     if (seg_id == avoid_seg && c == ChunkDown(avoid)) continue;
-    if (!Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
+    if (!clock.Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
     *head = Head{seg_id, c, 0};
     best = part;
     if (part == units) break;
@@ -180,7 +171,7 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
     if (len >= cu) break;
     if ((start + len) % cu != 0) continue;
     ++seen;
-    if (!Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
+    if (!clock.Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
     fit = Tail{seg_id, start, len};
     break;
   }
@@ -198,7 +189,7 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
     const std::uint64_t part = ChunkUp(start) - start;
     if (part == 0 || part > len || part <= largest.len || part >= n)
       continue;
-    if (!Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
+    if (!clock.Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
     largest = Tail{seg_id, start, part};
   }
   // Whole chunks a plan with tail t takes, and its head (if any).
@@ -243,7 +234,7 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
     const std::uint64_t a = ChunkUp(start);
     const std::uint64_t b = ChunkDown(start + len);
     if (b <= a) continue;
-    if (!Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
+    if (!clock.Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
     const std::uint64_t k = std::min(b - a, ChunkUp(want - got));
     plan->push_back(Piece{seg_id, a, k});
     got += k;
@@ -264,7 +255,7 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
 // meanwhile); the range's used units must already be lent to it.
 Status Lake::Impl::MapStitched(std::unique_lock<std::mutex>& lk,
                                std::uint64_t id) {
-  const std::vector<Piece> pieces = stitched.at(id).pieces;
+  const std::vector<Piece> pieces = stitches.at(id).pieces;
   std::vector<std::pair<Handle, std::size_t>> src;  // handle, byte offset
   std::size_t bytes = 0;
   for (const Piece& p : pieces) {
@@ -296,7 +287,7 @@ Status Lake::Impl::MapStitched(std::unique_lock<std::mutex>& lk,
     us = Teardown(undo, nullptr);
   }
   lk.lock();
-  Stitched& r = stitched.at(id);
+  Stitched& r = stitches.at(id);
   r.mapping = false;
   if (us != Status::kOk) {
     ++st.driver_errors;
@@ -314,7 +305,7 @@ Status Lake::Impl::MapStitched(std::unique_lock<std::mutex>& lk,
 // tags they had (one per run, in order).
 void Lake::Impl::AbandonStitched(std::uint64_t id,
                                  const std::vector<Tag>& tags) {
-  Stitched& r = stitched.at(id);
+  Stitched& r = stitches.at(id);
   StitchRefs(r, -1);
   std::vector<Piece> runs;
   ForUsed(r, r.used, [&](std::uint64_t seg, std::uint64_t start,
@@ -323,7 +314,7 @@ void Lake::Impl::AbandonStitched(std::uint64_t id,
   });
   for (std::size_t i = 0; i < runs.size(); ++i)
     MakeFree(runs[i].seg, runs[i].start, tags[i]);
-  stitched.erase(id);
+  stitches.Erase(id);
 }
 
 // Stitches free chunks (plus, if allowed, a new segment for the
@@ -392,7 +383,7 @@ Status Lake::Impl::StitchPlan(std::unique_lock<std::mutex>& lk,
   }
   bool grew = false;
   const std::uint64_t id = next_id++;
-  Stitched& r0 = stitched[id];
+  Stitched& r0 = stitches.New(id);
   r0.pieces = plan;
   if (hu != 0) r0.pieces.push_back(Piece{head.seg, head.start, cu});
   r0.lead = lead;
@@ -417,7 +408,7 @@ Status Lake::Impl::StitchPlan(std::unique_lock<std::mutex>& lk,
     // Before a head, the new segment's chunks are used whole.
     Carve(seg_id, 0, hu != 0 ? shortfall * cu : n - got, BlockState::kLent,
           id);
-    Stitched& r = stitched.at(id);
+    Stitched& r = stitches.at(id);
     const Piece grown{seg_id, 0, shortfall * cu};
     if (hu != 0) {
       r.pieces.insert(r.pieces.end() - 1, grown);
@@ -431,7 +422,7 @@ Status Lake::Impl::StitchPlan(std::unique_lock<std::mutex>& lk,
     segs.at(seg_id).stitch_refs += 1;
     grew = true;
   }
-  Stitched& rb = stitched.at(id);
+  Stitched& rb = stitches.at(id);
   if (BackToBack(rb.pieces)) {
     // The pieces are contiguous where they are already mapped (a growth
     // placed the shortfall right after a free tail, or free chunks of
@@ -451,7 +442,7 @@ Status Lake::Impl::StitchPlan(std::unique_lock<std::mutex>& lk,
       return ms;
     }
   }
-  Stitched& r = stitched.at(id);
+  Stitched& r = stitches.at(id);
   *addr = StitchedAddress(r);
   *state = grew ? AllocState::stitch_grow : AllocState::stitch;
   OnAllocated(*addr, StitchedAlloc(id, size, s), *state);
