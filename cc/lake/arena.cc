@@ -155,7 +155,7 @@ case AllocState::name: \
 // the lock is released so that concurrent growths get adjacent stretches;
 // when the range has no room left, a new range is reserved (lock
 // released) and becomes the current one.
-Status Lake::Impl::CreateSegment(std::unique_lock<std::mutex>& lk,
+Status Lake::Impl::CreateSegment(MutexLock& lk,
                                  std::uint64_t n, std::uint64_t* seg_out) {
   const std::size_t bytes = std::size_t{n} * gran;
   std::uintptr_t base = 0, va = 0;
@@ -170,7 +170,7 @@ Status Lake::Impl::CreateSegment(std::unique_lock<std::mutex>& lk,
   }
   const bool fresh = va == 0;
   const std::size_t range_bytes = fresh ? RangeBytes(bytes) : 0;
-  lk.unlock();
+  Unlock(lk);
   Handle h = 0;
   Status s = Status::kOk;
   Unreleased undo;  // what a failure must give back
@@ -196,7 +196,7 @@ Status Lake::Impl::CreateSegment(std::unique_lock<std::mutex>& lk,
     }
     if (s != Status::kOk) us = Teardown(undo, nullptr);
   }
-  lk.lock();
+  Relock(lk);
   pending_bytes -= bytes;
   ++creations;
   created.notify_all();
@@ -310,7 +310,7 @@ bool Lake::Impl::FindFit(std::uint64_t n, Stream s, FreeKey* out) const {
 // a new segment of whole chunks (the rest of its last chunk stays free).
 // kOutOfMemory when neither is possible; *how tells which.
 // `found`: a fit the caller already found (FindFit), if any.
-Status Lake::Impl::ClaimPrimary(std::unique_lock<std::mutex>& lk,
+Status Lake::Impl::ClaimPrimary(MutexLock& lk,
                                 std::uint64_t n, Stream s, BlockState state,
                                 std::uint64_t owner, std::uint64_t* seg_out,
                                 std::uint64_t* start_out, AllocState* how,

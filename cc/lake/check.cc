@@ -87,10 +87,10 @@ std::string Lake::Impl::Check() const {
         // The block must lie within the lent prefix of its range.
         bool inside = false;
         const Stitched& r = *rp;
+        const std::uint64_t seg_id = id, lo = start, hi = b.end;
         ForUsed(r, r.used,
                 [&](std::uint64_t sg, std::uint64_t s0, std::uint64_t k) {
-                  if (sg == id && start >= s0 && b.end <= s0 + k)
-                    inside = true;
+                  if (sg == seg_id && lo >= s0 && hi <= s0 + k) inside = true;
                 });
         if (!inside) {
           e << "block " << id << ":" << start
@@ -241,18 +241,18 @@ std::string Lake::Impl::Describe() const {
 }
 
 std::string Lake::check() const {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   return impl_->Check();
 }
 
 std::string Lake::describe() const {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   return impl_->Describe();
 }
 
 LakeSnapshot Lake::snapshot() const {
   const Impl& m = *impl_;
-  std::lock_guard<std::mutex> lk(m.mu);
+  MutexLock lk(m.mu);
   LakeSnapshot out;
   out.granularity = m.gran;
   out.capacity = m.capacity;
@@ -339,7 +339,8 @@ LakeSnapshot Lake::snapshot() const {
   out.held.rounding =
       static_cast<std::size_t>(m.st.bytes_in_use_rounded.current -
                                m.st.bytes_in_use.current);
-  for (const auto& [id, sl] : m.small.slabs()) out.held.slab_free += sl.bytes - sl.used;
+  for (const auto& [id, sl] : m.small.slabs())
+    out.held.slab_free += sl.bytes - sl.used;
   for (const auto& [id, r] : m.stitches.ranges())
     if (r.cached) out.held.stitched_cached += std::size_t{r.nunits} * m.unit;
   for (const auto& [id, r] : m.stitches.ranges()) {

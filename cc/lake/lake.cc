@@ -58,7 +58,7 @@ std::string ValidateOptions(const LakeOptions& o, const vmm::Driver& driver) {
 
 // One pass of the large-request states for n units. kOutOfMemory:
 // nothing fit.
-Status Lake::Impl::LargeOnce(std::unique_lock<std::mutex>& lk, std::uint64_t n,
+Status Lake::Impl::LargeOnce(MutexLock& lk, std::uint64_t n,
                              Stream s, std::size_t size, std::uintptr_t* addr,
                              AllocState* state) {
   FreeKey fit;
@@ -109,7 +109,7 @@ Lake::Lake(vmm::Driver& driver, const LakeOptions& options)
 
 Lake::~Lake() {
   Impl& m = *impl_;
-  std::unique_lock<std::mutex> lk(m.mu);
+  MutexLock lk(m.mu);
   // Memory whose last use is still queued on a stream is unmapped only
   // once that work ran (vllm#45552): wait for the pending frees' events.
   m.WaitStreams(lk);
@@ -149,7 +149,7 @@ Status Lake::allocate(std::size_t nbytes, Stream stream,
   AllocState dummy;
   if (!state) state = &dummy;
   if (nbytes == 0 || address == nullptr) return Status::kInvalidValue;
-  std::unique_lock<std::mutex> lk(m.mu);
+  MutexLock lk(m.mu);
   Status r;
   if (nbytes <= m.opt.small_limit) {
     r = m.Small(lk, nbytes, stream, address);
@@ -161,6 +161,7 @@ Status Lake::allocate(std::size_t nbytes, Stream stream,
       const auto n =
           static_cast<std::uint64_t>((nbytes + m.unit - 1) >> m.unit_shift);
       r = m.WithReclaim(lk, [&] {
+        m.mu.AssertHeld();
         return m.LargeOnce(lk, n, stream, nbytes, address, state);
       });
     }
@@ -181,7 +182,7 @@ Status Lake::allocate(std::size_t nbytes, Stream stream,
 
 Status Lake::free(std::uintptr_t address, Stream stream) {
   Impl& m = *impl_;
-  std::unique_lock<std::mutex> lk(m.mu);
+  MutexLock lk(m.mu);
   LiveTable::Entry* it = m.live.find(address);
   if (it == nullptr) return Status::kInvalidValue;
   const Alloc a = it->second;
@@ -231,25 +232,25 @@ Status Lake::free(std::uintptr_t address, Stream stream) {
 }
 
 std::size_t Lake::allocation_size(std::uintptr_t address) const {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   const LiveTable::Entry* it = impl_->live.find(address);
   return it == nullptr ? 0 : it->second.size;
 }
 
 Stats Lake::stats() const {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   Stats s = impl_->st;
   s.driver_calls = impl_->drv.calls();
   return s;
 }
 
 std::vector<TraceEvent> Lake::trace() const {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   return impl_->trace;
 }
 
 std::string Lake::last_error() const {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   return impl_->last_error;
 }
 

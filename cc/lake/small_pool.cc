@@ -132,7 +132,7 @@ std::string SmallPool::CheckInvariants() const {
 
 // A new slab for stream s: one primary block (never a stitch, which would
 // tie a stitched range to the long-lived small pool).
-Status Lake::Impl::NewSlab(std::unique_lock<std::mutex>& lk, Stream s,
+Status Lake::Impl::NewSlab(MutexLock& lk, Stream s,
                            std::uint64_t* slab_id) {
   const auto n = static_cast<std::uint64_t>(slab_bytes / unit);
   const std::uint64_t id = next_id++;
@@ -199,11 +199,14 @@ void Lake::Impl::FreeSmall(std::uintptr_t addr, const Alloc& a, Stream s) {
 void Lake::Impl::FlushDeferredSmall() {
   if (!small.HasDeferred()) return;
   for (const SmallPool::Deferred& d :
-       small.TakeReady([&](const Tag& t) { return clock.Safe(t); }))
+       small.TakeReady([&](const Tag& t) {
+         mu.AssertHeld();
+         return clock.Safe(t);
+       }))
     ReturnSmall(d.slab, d.off, d.len);
 }
 
-Status Lake::Impl::Small(std::unique_lock<std::mutex>& lk, std::size_t size,
+Status Lake::Impl::Small(MutexLock& lk, std::size_t size,
                          Stream s, std::uintptr_t* addr) {
   const std::size_t len = RoundUp(size, opt.alignment);
   if (SmallFromPool(size, len, s, addr)) return Status::kOk;
@@ -216,7 +219,10 @@ Status Lake::Impl::Small(std::unique_lock<std::mutex>& lk, std::size_t size,
     if (SmallFromPool(size, len, s, addr)) return Status::kOk;
   }
   std::uint64_t slab = 0;
-  Status r = WithReclaim(lk, [&] { return NewSlab(lk, s, &slab); });
+  Status r = WithReclaim(lk, [&] {
+    mu.AssertHeld();
+    return NewSlab(lk, s, &slab);
+  });
   if (r != Status::kOk) return r;
   SmallFromPool(size, len, s, addr);
   // While NewSlab had the lock released, another call may have freed a range

@@ -12,7 +12,7 @@ void Lake::Impl::StitchRefs(const Stitched& r, int delta) {
 
 // Unmaps a stitched range that is not in use (lock released meanwhile).
 // A driver failure keeps what is left for a retry; kOk or that failure.
-Status Lake::Impl::DropStitched(std::unique_lock<std::mutex>& lk,
+Status Lake::Impl::DropStitched(MutexLock& lk,
                                 std::uint64_t id, const char** what) {
   stitches.Uncache(id);
   Stitched& r = stitches.at(id);
@@ -34,9 +34,9 @@ Status Lake::Impl::DropStitched(std::unique_lock<std::mutex>& lk,
   // multi-device sample frees stripes mapped one by one).
   undo.maps.emplace_back(r.va, undo.va_bytes);
   const std::size_t bytes = undo.va_bytes;
-  lk.unlock();
+  Unlock(lk);
   const Status s = Teardown(undo, what);
-  lk.lock();
+  Relock(lk);
   Stitched& r2 = stitches.at(id);
   StitchRefs(r2, -1);
   st.stitched_bytes.add(-static_cast<std::int64_t>(bytes));
@@ -55,12 +55,15 @@ Status Lake::Impl::DropStitched(std::unique_lock<std::mutex>& lk,
 // stream record no events by themselves, so when no cached range is known
 // to be safe, the streams' events are advanced (recorded and queried,
 // never waited for) once before giving up.
-void Lake::Impl::TrimCache(std::unique_lock<std::mutex>& lk, std::size_t keep,
+void Lake::Impl::TrimCache(MutexLock& lk, std::size_t keep,
                            Status* status, std::string* error) {
   bool advanced = false;
   while (stitches.cached() > keep) {
     const std::uint64_t victim = stitches.Oldest(
-        [&](const Stitched& r) { return clock.Safe(r.tag); });
+        [&](const Stitched& r) {
+          mu.AssertHeld();
+          return clock.Safe(r.tag);
+        });
     if (victim == 0) {
       if (advanced || !clock.Advance()) return;  // all still in flight
       advanced = true;
@@ -95,6 +98,7 @@ bool Lake::Impl::TryReuse(std::uint64_t n, Stream s, std::size_t size,
     bool ok = true;
     ForUsed(r, n, [&](std::uint64_t seg, std::uint64_t start,
                       std::uint64_t k) {
+      mu.AssertHeld();
       ok = ok && RangeFree(seg, start, k, s);
     });
     if (!ok) continue;
@@ -102,6 +106,7 @@ bool Lake::Impl::TryReuse(std::uint64_t n, Stream s, std::size_t size,
     r.used = n;
     ForUsed(r, n, [&](std::uint64_t seg, std::uint64_t start,
                       std::uint64_t k) {
+      mu.AssertHeld();
       Carve(seg, start, k, BlockState::kLent, id);
     });
     *addr = StitchedAddress(r);
@@ -194,6 +199,7 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
   }
   // Whole chunks a plan with tail t takes, and its head (if any).
   auto chunks = [&](const Tail& t, Head* h) {
+    mu.AssertHeld();
     assert(t.len < n);  // else a fit would have served it
     const std::uint64_t m = n - t.len;
     *h = Head{};
@@ -253,7 +259,7 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
 
 // Maps the pieces of range `id` into a new reservation (lock released
 // meanwhile); the range's used units must already be lent to it.
-Status Lake::Impl::MapStitched(std::unique_lock<std::mutex>& lk,
+Status Lake::Impl::MapStitched(MutexLock& lk,
                                std::uint64_t id) {
   const std::vector<Piece> pieces = stitches.at(id).pieces;
   std::vector<std::pair<Handle, std::size_t>> src;  // handle, byte offset
@@ -263,7 +269,7 @@ Status Lake::Impl::MapStitched(std::unique_lock<std::mutex>& lk,
     src.emplace_back(seg.handle, std::size_t{p.start} * unit);
     bytes += std::size_t{p.n} * unit;
   }
-  lk.unlock();
+  Unlock(lk);
   std::uintptr_t va = 0;
   Status s = drv.reserve(bytes, &va);
   std::size_t mapped = 0;
@@ -286,7 +292,7 @@ Status Lake::Impl::MapStitched(std::unique_lock<std::mutex>& lk,
     if (done_bytes != 0) undo.maps.emplace_back(va, done_bytes);  // one run
     us = Teardown(undo, nullptr);
   }
-  lk.lock();
+  Relock(lk);
   Stitched& r = stitches.at(id);
   r.mapping = false;
   if (us != Status::kOk) {
@@ -321,7 +327,7 @@ void Lake::Impl::AbandonStitched(std::uint64_t id,
 // shortfall) into a range for n units. Returns kOk and sets *addr on
 // success; kOutOfMemory if stitching cannot serve the request (nothing
 // changed).
-Status Lake::Impl::TryStitch(std::unique_lock<std::mutex>& lk, std::uint64_t n,
+Status Lake::Impl::TryStitch(MutexLock& lk, std::uint64_t n,
                              Stream s, std::size_t size, std::uintptr_t* addr,
                              AllocState* state) {
   if (!opt.stitch || size < opt.stitch_min) return Status::kOutOfMemory;
@@ -336,6 +342,7 @@ Status Lake::Impl::TryStitch(std::unique_lock<std::mutex>& lk, std::uint64_t n,
     std::vector<Piece> sorted = plan;
     std::sort(sorted.begin(), sorted.end(),
               [&](const Piece& a, const Piece& b) {
+                mu.AssertHeld();
                 return segs.at(a.seg).va + std::size_t{a.start} * unit <
                        segs.at(b.seg).va + std::size_t{b.start} * unit;
               });
@@ -360,7 +367,7 @@ Status Lake::Impl::TryStitch(std::unique_lock<std::mutex>& lk, std::uint64_t n,
 // of it stays free. The
 // range is an alias when its pieces lie back to back, else it is mapped.
 // kOutOfMemory when the shortfall cannot be claimed (nothing changed).
-Status Lake::Impl::StitchPlan(std::unique_lock<std::mutex>& lk,
+Status Lake::Impl::StitchPlan(MutexLock& lk,
                               std::vector<Piece> plan, std::uint64_t lead,
                               std::uint64_t got, std::uint64_t n, Stream s,
                               std::size_t size, std::uintptr_t* addr,
@@ -394,6 +401,7 @@ Status Lake::Impl::StitchPlan(std::unique_lock<std::mutex>& lk,
   std::vector<Tag> tags;
   ForUsed(r0, got + hu, [&](std::uint64_t seg, std::uint64_t start,
                             std::uint64_t k) {
+    mu.AssertHeld();
     tags.push_back(BlockAt(seg, start).tag);
     Carve(seg, start, k, BlockState::kLent, id);
   });

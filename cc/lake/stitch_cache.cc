@@ -31,7 +31,8 @@ std::string StitchCache::CheckInvariants() const {
   std::unordered_set<std::uint64_t> listed;
   for (std::uint64_t id : lru_) {
     auto it = ranges_.find(id);
-    if (it == ranges_.end() || !it->second.cached || !listed.insert(id).second) {
+    if (it == ranges_.end() || !it->second.cached ||
+        !listed.insert(id).second) {
       e << "stitch cache lists range " << id
         << " twice, or one missing or not cached";
       return e.str();

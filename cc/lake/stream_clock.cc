@@ -53,8 +53,8 @@ std::vector<StreamClock::Wait> StreamClock::PendingWaits() {
   return waits;
 }
 
-void StreamClock::Synchronize(std::vector<Wait>* waits) const {
-  for (Wait& w : *waits) w.ok = drv_.event_synchronize(w.event) == Status::kOk;
+void StreamClock::Synchronize(vmm::Driver& drv, std::vector<Wait>* waits) {
+  for (Wait& w : *waits) w.ok = drv.event_synchronize(w.event) == Status::kOk;
 }
 
 bool StreamClock::FinishWaits(const std::vector<Wait>& waits) {
@@ -95,8 +95,8 @@ std::string StreamClock::CheckInvariants() const {
       return e.str();
     }
   }
-  if (last_state_ != nullptr &&
-      (!streams_.count(last_stream_) || &streams_.at(last_stream_) != last_state_)) {
+  if (last_state_ != nullptr && (!streams_.count(last_stream_) ||
+                                 &streams_.at(last_stream_) != last_state_)) {
     e << "stream clock's last state is not stream " << last_stream_ << "'s";
     return e.str();
   }

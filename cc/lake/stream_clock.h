@@ -79,9 +79,9 @@ class StreamClock {
   };
   // Advances, then lists the streams whose event is still pending.
   std::vector<Wait> PendingWaits();
-  // Waits for each event (blocking; touches no state of the clock, so the
+  // Waits for each event (blocking; static: it touches no clock, so the
   // owner calls it with its lock released).
-  void Synchronize(std::vector<Wait>* waits) const;
+  static void Synchronize(vmm::Driver& drv, std::vector<Wait>* waits);
   // Applies finished waits; true if some frees completed.
   bool FinishWaits(const std::vector<Wait>& waits);
 
