@@ -9,15 +9,22 @@ namespace detail {
 
 std::string StitchCache::CheckInvariants() const {
   std::ostringstream e;
+  // The list first: each id once, of a cached range. Then, with as many
+  // cached ranges as listed ids, every cached range is listed and its
+  // iterator is valid.
+  std::unordered_set<std::uint64_t> listed;
+  for (std::uint64_t id : lru_) {
+    auto it = ranges_.find(id);
+    if (it == ranges_.end() || !it->second.cached ||
+        !listed.insert(id).second) {
+      e << "stitch cache lists range " << id
+        << " twice, or one missing or not cached";
+      return e.str();
+    }
+  }
   std::size_t cached = 0;
   for (const auto& [id, r] : ranges_) {
-    if (r.cached) {
-      ++cached;
-      if (*r.lru != id) {
-        e << "cached stitched range " << id << " is listed as " << *r.lru;
-        return e.str();
-      }
-    }
+    if (r.cached) ++cached;
     if (r.cached == (r.used > 0) && !r.mapping && !r.dropping) {
       e << "stitched range " << id << " is both live and cached or neither";
       return e.str();
@@ -28,13 +35,9 @@ std::string StitchCache::CheckInvariants() const {
       << " cached ranges";
     return e.str();
   }
-  std::unordered_set<std::uint64_t> listed;
-  for (std::uint64_t id : lru_) {
-    auto it = ranges_.find(id);
-    if (it == ranges_.end() || !it->second.cached ||
-        !listed.insert(id).second) {
-      e << "stitch cache lists range " << id
-        << " twice, or one missing or not cached";
+  for (const auto& [id, r] : ranges_) {
+    if (r.cached && *r.lru != id) {
+      e << "cached stitched range " << id << " is listed as " << *r.lru;
       return e.str();
     }
   }
