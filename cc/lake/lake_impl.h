@@ -1,6 +1,10 @@
 // jaxlake: the lake's private state (Lake::Impl), shared by the files of
-// cc/lake/ that implement it; not installed. The allocation order is in
-// lake.cc, the data structures in structures.h; see docs/design.md for the
+// cc/lake/ that implement it; not installed. Impl holds the lock, the
+// statistics, the segments and blocks and the allocation path, and owns
+// the components: the stream clock (stream_clock.h), the stitch cache
+// (stitch_cache.h) and the small pool (small_pool.h). The allocation order
+// is in lake.cc, the data structures in structures.h, the lock's
+// annotations in thread_annotations.h; see docs/design.md for the
 // invariants.
 #ifndef JAXLAKE_CC_LAKE_LAKE_IMPL_H_
 #define JAXLAKE_CC_LAKE_LAKE_IMPL_H_

@@ -1,5 +1,5 @@
 // jaxlake: the small pool: slabs (whole chunks taken from the large pool)
-// carved into small ranges, per stream (docs/design.md, "Small requests").
+// carved into small ranges, per stream (docs/design.md, "Structures", slabs).
 // Private to cc/lake/; not installed.
 //
 // Each slab serves one stream. Its free ranges are indexed per stream by

@@ -1,5 +1,5 @@
 // jaxlake: the stitched ranges and the cache of those not in use
-// (docs/design.md, "Stitching"). Private to cc/lake/; not installed.
+// (docs/design.md, "Structures"). Private to cc/lake/; not installed.
 //
 // A stitched range is live while its block is lent; once freed it stays
 // mapped, cached, so that a later request of its size reuses the mapping

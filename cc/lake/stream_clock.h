@@ -1,6 +1,6 @@
 // jaxlake: the stream clock: per-stream free sequences and the events that
 // fence them, which decide when a block freed on one stream may be reused
-// by another (docs/design.md, "Streams"). Private to cc/lake/; not
+// by another (docs/design.md, "Stream safety"). Private to cc/lake/; not
 // installed.
 //
 // Every free on stream s takes a tag (s, seq), seq counting s's frees. A

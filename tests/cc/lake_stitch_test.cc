@@ -168,10 +168,8 @@ TEST(stitch_shortfall_is_a_growth_only_while_nothing_was_freed) {
 TEST(free_tail_leads_a_stitch_to_save_a_whole_chunk) {
   jaxlake::vmm::HostDriver drv(SmallDevice());
   Lake lake(drv, Capped(64 * kMiB));
-  auto a = Alloc(lake, 4 * kMiB);
-  auto b = Alloc(lake, 4 * kMiB);
-  auto c = Alloc(lake, 4 * kMiB);
-  auto d = Alloc(lake, 4 * kMiB);
+  const std::vector<std::uintptr_t> v = AllocEach(lake, 4, 4 * kMiB);
+  const std::uintptr_t a = v[0], b = v[1], c = v[2], d = v[3];
   auto e = Alloc(lake, 3 * kMiB);  // its last chunk's 1 MiB stays free
   CHECK(FreeAll(lake, {b, d}));
   const auto reserved = lake.stats().bytes_reserved.current;
