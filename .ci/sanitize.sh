@@ -22,8 +22,10 @@ run() {
   local sanitize=$1 dir=build/sanitize-${1//,/-}
   # The replay engine and its policy models run on one thread: ThreadSanitizer
   # has nothing to check there, so its build leaves replay_test out.
-  local tests=(vmm_test lake_test replay_test)
-  if [ "$sanitize" = thread ]; then tests=(vmm_test lake_test); fi
+  local lake_tests=(lake_alloc_test lake_growth_test lake_stitch_test
+    lake_streams_test lake_small_pool_test lake_reclaim_test)
+  local tests=(vmm_test "${lake_tests[@]}" replay_test)
+  if [ "$sanitize" = thread ]; then tests=(vmm_test "${lake_tests[@]}"); fi
   echo "== ${sanitize}: configure and build ${tests[*]} stress"
   local start=$SECONDS
   # -O1, as the sanitizers' documentation advises: about a fifth less

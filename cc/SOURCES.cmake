@@ -15,7 +15,8 @@ set(JAXLAKE_LAKE_SOURCES
   cc/lake/small_pool.cc
   cc/lake/span.cc
   cc/lake/stitch.cc
-  cc/lake/streams.cc
+  cc/lake/stream_clock.cc
+  cc/lake/stitch_cache.cc
   cc/lake/reclaim.cc
   cc/lake/check.cc
 )

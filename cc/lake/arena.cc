@@ -39,11 +39,11 @@ bool Lake::Impl::MergeTags(const Tag& a, const Tag& b, Tag* out) const {
     *out = a.seq >= b.seq ? a : b;
     return true;
   }
-  if (Safe(a)) {
+  if (clock.Safe(a)) {
     *out = b;
     return true;
   }
-  if (Safe(b)) {
+  if (clock.Safe(b)) {
     *out = a;
     return true;
   }
@@ -119,7 +119,7 @@ bool Lake::Impl::RangeFree(std::uint64_t seg_id, std::uint64_t start,
   --it;
   const Block& b = it->second;
   return b.state == BlockState::kFree && b.end >= start + n &&
-         Usable(b.tag, s);
+         clock.Usable(b.tag, s);
 }
 
 void Lake::Impl::RecordEvent(bool allocate, std::uintptr_t addr,
@@ -155,7 +155,7 @@ case AllocState::name: \
 // the lock is released so that concurrent growths get adjacent stretches;
 // when the range has no room left, a new range is reserved (lock
 // released) and becomes the current one.
-Status Lake::Impl::CreateSegment(std::unique_lock<std::mutex>& lk,
+Status Lake::Impl::CreateSegment(MutexLock& lk,
                                  std::uint64_t n, std::uint64_t* seg_out) {
   const std::size_t bytes = std::size_t{n} * gran;
   std::uintptr_t base = 0, va = 0;
@@ -170,7 +170,7 @@ Status Lake::Impl::CreateSegment(std::unique_lock<std::mutex>& lk,
   }
   const bool fresh = va == 0;
   const std::size_t range_bytes = fresh ? RangeBytes(bytes) : 0;
-  lk.unlock();
+  Unlock(lk);
   Handle h = 0;
   Status s = Status::kOk;
   Unreleased undo;  // what a failure must give back
@@ -196,7 +196,7 @@ Status Lake::Impl::CreateSegment(std::unique_lock<std::mutex>& lk,
     }
     if (s != Status::kOk) us = Teardown(undo, nullptr);
   }
-  lk.lock();
+  Relock(lk);
   pending_bytes -= bytes;
   ++creations;
   created.notify_all();
@@ -291,14 +291,14 @@ std::uint64_t Lake::Impl::ClaimGrowth(std::uint64_t need, std::uint64_t most) {
 // A free block of >= n chunks usable by stream s (best fit), or false.
 bool Lake::Impl::FindFit(std::uint64_t n, Stream s, FreeKey* out) const {
   auto it = free_index.lower_bound(FreeKey(n, 0, 0));
-  if (OnlyStream(s)) {  // every free block is usable: no tag to look at
+  if (clock.OnlyStream(s)) {  // every free block is usable: no tag to look at
     if (it == free_index.end()) return false;
     *out = *it;
     return true;
   }
   for (; it != free_index.end(); ++it) {
     const auto [len, seg_id, start] = *it;
-    if (Usable(segs.at(seg_id).blocks.at(start).tag, s)) {
+    if (clock.Usable(segs.at(seg_id).blocks.at(start).tag, s)) {
       *out = *it;
       return true;
     }
@@ -310,7 +310,7 @@ bool Lake::Impl::FindFit(std::uint64_t n, Stream s, FreeKey* out) const {
 // a new segment of whole chunks (the rest of its last chunk stays free).
 // kOutOfMemory when neither is possible; *how tells which.
 // `found`: a fit the caller already found (FindFit), if any.
-Status Lake::Impl::ClaimPrimary(std::unique_lock<std::mutex>& lk,
+Status Lake::Impl::ClaimPrimary(MutexLock& lk,
                                 std::uint64_t n, Stream s, BlockState state,
                                 std::uint64_t owner, std::uint64_t* seg_out,
                                 std::uint64_t* start_out, AllocState* how,

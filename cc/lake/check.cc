@@ -4,11 +4,15 @@
 namespace jaxlake {
 
 std::string Lake::Impl::Check() const {
+  // Each component's own invariants first, then what ties them together.
+  for (std::string err : {clock.CheckInvariants(), stitches.CheckInvariants(),
+                          small.CheckInvariants()})
+    if (!err.empty()) return err;
   std::ostringstream e;
   std::size_t reserved = 0, free_blocks = 0;
   std::unordered_map<std::uint64_t, std::uint64_t> lent_by;  // id -> chunks
   std::unordered_map<std::uint64_t, std::uint64_t> refs;
-  for (const auto& [id, r] : stitched) {
+  for (const auto& [id, r] : stitches.ranges()) {
     std::set<std::uint64_t> seen;
     std::uint64_t total = 0;
     for (const Piece& p : r.pieces) {
@@ -75,18 +79,18 @@ std::string Lake::Impl::Check() const {
           return e.str();
         }
       } else if (b.state == BlockState::kLent) {
-        auto rit = stitched.find(b.owner);
-        if (rit == stitched.end()) {
+        const Stitched* rp = stitches.Find(b.owner);
+        if (rp == nullptr) {
           e << "block " << id << ":" << start << " lent to missing range";
           return e.str();
         }
         // The block must lie within the lent prefix of its range.
         bool inside = false;
-        const Stitched& r = rit->second;
+        const Stitched& r = *rp;
+        const std::uint64_t seg_id = id, lo = start, hi = b.end;
         ForUsed(r, r.used,
                 [&](std::uint64_t sg, std::uint64_t s0, std::uint64_t k) {
-                  if (sg == id && start >= s0 && b.end <= s0 + k)
-                    inside = true;
+                  if (sg == seg_id && lo >= s0 && hi <= s0 + k) inside = true;
                 });
         if (!inside) {
           e << "block " << id << ":" << start
@@ -95,8 +99,8 @@ std::string Lake::Impl::Check() const {
         }
         lent_by[b.owner] += n;
       } else if (b.state == BlockState::kSlab) {
-        auto sit = slabs.find(b.owner);
-        if (sit == slabs.end() || sit->second.seg != id ||
+        auto sit = small.slabs().find(b.owner);
+        if (sit == small.slabs().end() || sit->second.seg != id ||
             sit->second.start != start || sit->second.nunits != n) {
           e << "slab block " << id << ":" << start << " has no slab";
           return e.str();
@@ -153,8 +157,8 @@ std::string Lake::Impl::Check() const {
     e << "current growth range " << current_range << " is missing";
     return e.str();
   }
-  std::size_t stitched_va = 0, cached = 0;
-  for (const auto& [id, r] : stitched) {
+  std::size_t stitched_va = 0;
+  for (const auto& [id, r] : stitches.ranges()) {
     if (!r.mapping) stitched_va += std::size_t{r.nunits} * unit;
     const std::uint64_t lent = lent_by.count(id) ? lent_by.at(id) : 0;
     const std::uint64_t want = r.used;
@@ -163,16 +167,6 @@ std::string Lake::Impl::Check() const {
         << " chunks lent, expected " << want;
       return e.str();
     }
-    if (r.cached) ++cached;
-    if (r.cached == (r.used > 0) && !r.mapping && !r.dropping) {
-      e << "stitched range " << id << " is both live and cached or neither";
-      return e.str();
-    }
-  }
-  if (cached != lru.size()) {
-    e << "stitch cache holds " << lru.size() << " ids for " << cached
-      << " cached ranges";
-    return e.str();
   }
   std::size_t in_use = 0, rounded = 0, small_reserved = 0;
   for (const auto& [addr, a] : live) {
@@ -183,31 +177,15 @@ std::string Lake::Impl::Check() const {
       return e.str();
     }
     if (a.kind == Kind::kStitched) {
-      auto rit = stitched.find(a.owner);
-      if (rit == stitched.end() || StitchedAddress(rit->second) != addr ||
-          std::size_t{rit->second.used} * unit != a.rounded) {
+      const Stitched* rp = stitches.Find(a.owner);
+      if (rp == nullptr || StitchedAddress(*rp) != addr ||
+          std::size_t{rp->used} * unit != a.rounded) {
         e << "stitched allocation " << addr << " does not match its range";
         return e.str();
       }
     }
   }
-  for (const auto& [id, sl] : slabs) {
-    small_reserved += sl.bytes;
-    std::size_t free_bytes = 0;
-    for (const auto& [off, len] : sl.free) {
-      free_bytes += len;
-      auto pit = small_free.find(sl.stream);
-      if (pit == small_free.end() || !pit->second.count({len, sl.base + off})) {
-        e << "small range at slab " << id << "+" << off << " not indexed";
-        return e.str();
-      }
-    }
-    if (free_bytes + sl.used != sl.bytes) {
-      e << "slab " << id << " accounts " << free_bytes + sl.used << " of "
-        << sl.bytes << " bytes";
-      return e.str();
-    }
-  }
+  for (const auto& [id, sl] : small.slabs()) small_reserved += sl.bytes;
   auto gauge = [&](const char* name, std::int64_t have, std::size_t want) {
     if (e.tellp() == 0 && have != static_cast<std::int64_t>(want))
       e << "gauge " << name << " is " << have << ", expected " << want;
@@ -257,24 +235,24 @@ std::string Lake::Impl::Describe() const {
     << ", free " << Bytes(free_chunks * unit) << " in "
     << free_index.size() << " blocks (largest " << Bytes(largest * unit)
     << "), small pool " << Bytes(st.bytes_small_reserved.current)
-    << ", cached stitched ranges " << lru.size() << ", live allocations "
+    << ", cached stitched ranges " << stitches.cached() << ", live allocations "
     << live.size();
   return o.str();
 }
 
 std::string Lake::check() const {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   return impl_->Check();
 }
 
 std::string Lake::describe() const {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   return impl_->Describe();
 }
 
 LakeSnapshot Lake::snapshot() const {
   const Impl& m = *impl_;
-  std::lock_guard<std::mutex> lk(m.mu);
+  MutexLock lk(m.mu);
   LakeSnapshot out;
   out.granularity = m.gran;
   out.capacity = m.capacity;
@@ -302,7 +280,7 @@ LakeSnapshot Lake::snapshot() const {
         if (blk.state == BlockState::kLent) k = 3;
         else if (blk.state == BlockState::kLive) k = 2;
         else if (blk.state == BlockState::kSlab) k = 1;
-        if (k == 0 && !m.Safe(blk.tag)) r.pending = true;
+        if (k == 0 && !m.clock.Safe(blk.tag)) r.pending = true;
         if (k <= rank) continue;
         rank = k;
         r.owner = blk.owner;
@@ -361,10 +339,11 @@ LakeSnapshot Lake::snapshot() const {
   out.held.rounding =
       static_cast<std::size_t>(m.st.bytes_in_use_rounded.current -
                                m.st.bytes_in_use.current);
-  for (const auto& [id, sl] : m.slabs) out.held.slab_free += sl.bytes - sl.used;
-  for (const auto& [id, r] : m.stitched)
+  for (const auto& [id, sl] : m.small.slabs())
+    out.held.slab_free += sl.bytes - sl.used;
+  for (const auto& [id, r] : m.stitches.ranges())
     if (r.cached) out.held.stitched_cached += std::size_t{r.nunits} * m.unit;
-  for (const auto& [id, r] : m.stitched) {
+  for (const auto& [id, r] : m.stitches.ranges()) {
     SnapshotStitched s;
     s.id = id;
     s.va = r.va;
@@ -378,7 +357,7 @@ LakeSnapshot Lake::snapshot() const {
       s.pieces.push_back(SnapshotPiece{p.seg, p.start / m.cu, p.n / m.cu});
     out.stitched.push_back(std::move(s));
   }
-  for (const auto& [id, sl] : m.slabs)
+  for (const auto& [id, sl] : m.small.slabs())
     out.slabs.push_back(SnapshotSlab{id, sl.seg, sl.start / m.cu,
                                      sl.nunits / m.cu,
                                      sl.base, sl.bytes, sl.used, sl.stream});

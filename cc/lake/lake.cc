@@ -52,13 +52,13 @@ std::string ValidateOptions(const LakeOptions& o, const vmm::Driver& driver) {
 //   stitch        TryStitch (stitch.cc): stitch free chunks into a range
 //   stitch grow   TryStitch: the same, with a new segment for the shortfall
 //   grow          ClaimPrimary: a new segment
-//   reclaim       WithReclaim (lake_impl.h; its steps in streams.cc and
-//                 reclaim.cc), around all of the above
+//   reclaim       WithReclaim (lake_impl.h; its steps in stream_clock.cc
+//                 and reclaim.cc), around all of the above
 // Small requests go to the small pool (small_pool.cc).
 
 // One pass of the large-request states for n units. kOutOfMemory:
 // nothing fit.
-Status Lake::Impl::LargeOnce(std::unique_lock<std::mutex>& lk, std::uint64_t n,
+Status Lake::Impl::LargeOnce(MutexLock& lk, std::uint64_t n,
                              Stream s, std::size_t size, std::uintptr_t* addr,
                              AllocState* state) {
   FreeKey fit;
@@ -69,7 +69,7 @@ Status Lake::Impl::LargeOnce(std::unique_lock<std::mutex>& lk, std::uint64_t n,
   }
   // Before mapping or creating anything, see whether frees of other
   // streams have completed meanwhile (an event query each, no wait).
-  if (!found && AdvanceStreams(s)) {
+  if (!found && clock.Advance(s)) {
     Coalesce();
     FlushDeferredSmall();
     found = FindFit(n, s, &fit);
@@ -109,12 +109,12 @@ Lake::Lake(vmm::Driver& driver, const LakeOptions& options)
 
 Lake::~Lake() {
   Impl& m = *impl_;
-  std::unique_lock<std::mutex> lk(m.mu);
+  MutexLock lk(m.mu);
   // Memory whose last use is still queued on a stream is unmapped only
   // once that work ran (vllm#45552): wait for the pending frees' events.
   m.WaitStreams(lk);
   std::vector<std::uint64_t> ids;
-  for (const auto& [id, r] : m.stitched) ids.push_back(id);
+  for (const auto& [id, r] : m.stitches.ranges()) ids.push_back(id);
   for (std::uint64_t id : ids) m.DropStitched(lk, id);
   for (auto [id, seg] : m.segs) {
     const std::size_t bytes = std::size_t{seg.nchunks} * m.gran;
@@ -140,9 +140,7 @@ Lake::~Lake() {
   for (int attempt = 0; attempt < 2; ++attempt)
     for (Unreleased& u : m.unreleased)
       if (!u.done()) m.Teardown(u, nullptr);
-  for (auto& [s, ss] : m.streams)
-    if (ss.event && m.drv.event_destroy(ss.event) != Status::kOk)
-      m.drv.event_destroy(ss.event);
+  m.clock.DestroyEvents();
 }
 
 Status Lake::allocate(std::size_t nbytes, Stream stream,
@@ -151,7 +149,7 @@ Status Lake::allocate(std::size_t nbytes, Stream stream,
   AllocState dummy;
   if (!state) state = &dummy;
   if (nbytes == 0 || address == nullptr) return Status::kInvalidValue;
-  std::unique_lock<std::mutex> lk(m.mu);
+  MutexLock lk(m.mu);
   Status r;
   if (nbytes <= m.opt.small_limit) {
     r = m.Small(lk, nbytes, stream, address);
@@ -163,6 +161,7 @@ Status Lake::allocate(std::size_t nbytes, Stream stream,
       const auto n =
           static_cast<std::uint64_t>((nbytes + m.unit - 1) >> m.unit_shift);
       r = m.WithReclaim(lk, [&] {
+        m.mu.AssertHeld();
         return m.LargeOnce(lk, n, stream, nbytes, address, state);
       });
     }
@@ -183,7 +182,7 @@ Status Lake::allocate(std::size_t nbytes, Stream stream,
 
 Status Lake::free(std::uintptr_t address, Stream stream) {
   Impl& m = *impl_;
-  std::unique_lock<std::mutex> lk(m.mu);
+  MutexLock lk(m.mu);
   LiveTable::Entry* it = m.live.find(address);
   if (it == nullptr) return Status::kInvalidValue;
   const Alloc a = it->second;
@@ -199,11 +198,11 @@ Status Lake::free(std::uintptr_t address, Stream stream) {
       m.FreeSmall(address, a, stream);
       break;
     case Kind::kPrimary:
-      m.MakeFree(a.seg, a.start, m.FreeTag(stream));
+      m.MakeFree(a.seg, a.start, m.clock.FreeTag(stream));
       break;
     case Kind::kStitched: {
-      const Tag tag = m.FreeTag(stream);
-      Stitched& r = m.stitched.at(a.owner);
+      const Tag tag = m.clock.FreeTag(stream);
+      Stitched& r = m.stitches.at(a.owner);
       std::vector<Piece> used;
       Impl::ForUsed(r, r.used, [&](std::uint64_t seg, std::uint64_t start,
                                    std::uint64_t k) {
@@ -218,13 +217,11 @@ Status Lake::free(std::uintptr_t address, Stream stream) {
         m.StitchRefs(r, -1);
         m.st.stitched_bytes.add(
             -static_cast<std::int64_t>(std::size_t{r.nunits} * m.unit));
-        m.stitched.erase(a.owner);
+        m.stitches.Erase(a.owner);
         for (const Piece& p : used) m.MakeFree(p.seg, p.start, tag);
         break;
       }
-      r.cached = true;
-      m.lru.push_front(a.owner);
-      r.lru = m.lru.begin();
+      m.stitches.Cache(a.owner);
       for (const Piece& p : used) m.MakeFree(p.seg, p.start, tag);
       m.TrimCache(lk, m.opt.stitch_cache);
       break;
@@ -235,25 +232,25 @@ Status Lake::free(std::uintptr_t address, Stream stream) {
 }
 
 std::size_t Lake::allocation_size(std::uintptr_t address) const {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   const LiveTable::Entry* it = impl_->live.find(address);
   return it == nullptr ? 0 : it->second.size;
 }
 
 Stats Lake::stats() const {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   Stats s = impl_->st;
   s.driver_calls = impl_->drv.calls();
   return s;
 }
 
 std::vector<TraceEvent> Lake::trace() const {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   return impl_->trace;
 }
 
 std::string Lake::last_error() const {
-  std::lock_guard<std::mutex> lk(impl_->mu);
+  MutexLock lk(impl_->mu);
   return impl_->last_error;
 }
 

@@ -1,12 +1,20 @@
 // jaxlake: the lake's private state (Lake::Impl), shared by the files of
-// cc/lake/ that implement it; not installed. The allocation order is in
-// lake.cc, the data structures in structures.h; see docs/design.md for the
+// cc/lake/ that implement it; not installed. Impl holds the lock, the
+// statistics, the segments and blocks and the allocation path, and owns
+// the components: the stream clock (stream_clock.h), the stitch cache
+// (stitch_cache.h) and the small pool (small_pool.h). The allocation order
+// is in lake.cc, the data structures in structures.h, the lock's
+// annotations in thread_annotations.h; see docs/design.md for the
 // invariants.
 #ifndef JAXLAKE_CC_LAKE_LAKE_IMPL_H_
 #define JAXLAKE_CC_LAKE_LAKE_IMPL_H_
 
 #include "cc/lake/lake.h"
+#include "cc/lake/small_pool.h"
+#include "cc/lake/stitch_cache.h"
+#include "cc/lake/stream_clock.h"
 #include "cc/lake/structures.h"
+#include "cc/lake/thread_annotations.h"
 
 #include <algorithm>
 #include <cassert>
@@ -41,57 +49,61 @@ struct Lake::Impl {
   std::size_t slab_bytes;
   std::chrono::steady_clock::time_point t0 = std::chrono::steady_clock::now();
 
-  mutable std::mutex mu;
-  NodePool nodes;  // before the containers that use it
-  SegmentTable segs;
-  FreeIndex free_index{NodeAlloc<FreeKey>(&nodes)};  // by (units, seg, start)
-  std::unordered_map<std::uint64_t, Stitched> stitched;
+  mutable Mutex mu;
+  // Before the containers that use it.
+  NodePool nodes JAXLAKE_GUARDED_BY(mu);
+  SegmentTable segs JAXLAKE_GUARDED_BY(mu);
+  // By (units, seg, start).
+  FreeIndex free_index JAXLAKE_GUARDED_BY(mu){NodeAlloc<FreeKey>(&nodes)};
+  // Stitched ranges, live or cached (stitch_cache.h).
+  StitchCache stitches JAXLAKE_GUARDED_BY(mu);
   // Growth ranges by base address; new segments go into `current_range`
   // (0: none yet), back to back (docs/design.md, "Growth").
-  std::map<std::uintptr_t, GrowthRange> ranges;
+  std::map<std::uintptr_t, GrowthRange> ranges JAXLAKE_GUARDED_BY(mu);
   // Segments by primary address: the neighbours of a segment in its growth
   // range, for free runs that cross segment boundaries.
-  std::map<std::uintptr_t, std::uint64_t> seg_by_va;
-  std::uintptr_t current_range = 0;
-  std::list<std::uint64_t> lru;  // cached stitched ids, most recent first
-  std::unordered_map<std::uint64_t, Slab> slabs;
-  std::map<std::uintptr_t, std::uint64_t> slab_by_base;
-  // Per stream: free small ranges as (length, address).
-  std::unordered_map<Stream, std::set<std::pair<std::size_t, std::uintptr_t>>>
-      small_free;
-  std::uint64_t next_id = 1;
+  std::map<std::uintptr_t, std::uint64_t> seg_by_va JAXLAKE_GUARDED_BY(mu);
+  std::uintptr_t current_range JAXLAKE_GUARDED_BY(mu) = 0;
+  // Slabs and their small ranges (small_pool.h).
+  SmallPool small JAXLAKE_GUARDED_BY(mu);
+  std::uint64_t next_id JAXLAKE_GUARDED_BY(mu) = 1;
   // Room for 1,536 live allocations before the table first grows (a
   // growth moves every entry, inside a timed allocation).
-  LiveTable live{2048};
-  std::unordered_map<Stream, StreamState> streams;
-  std::size_t pending_bytes = 0;  // physical bytes being created right now
+  LiveTable live JAXLAKE_GUARDED_BY(mu){2048};
+  // Physical bytes being created right now.
+  std::size_t pending_bytes JAXLAKE_GUARDED_BY(mu) = 0;
   // Segment creations finished (whether they succeeded or not), and the
   // signal of each: a request refused while others' creations hold the
   // capacity waits for one to finish (WithReclaim).
-  std::uint64_t creations = 0;
+  std::uint64_t creations JAXLAKE_GUARDED_BY(mu) = 0;
   std::condition_variable created;
   // preallocate: the first growth takes the whole capacity; it is tried
   // once (a refusal falls back to growth on demand).
-  bool prealloc_pending = false;
+  bool prealloc_pending JAXLAKE_GUARDED_BY(mu) = false;
   // Something was freed since the lake last claimed memory to grow. While
   // nothing was, the program is only building up state, and a stitch's
   // shortfall is sized as a growth (TryStitch).
-  bool freed_since_growth = false;
+  bool freed_since_growth JAXLAKE_GUARDED_BY(mu) = false;
   // Physical bytes of segments being released right now (lock released):
   // still held by the driver, so they still count against the capacity.
-  std::size_t releasing_bytes = 0;
+  std::size_t releasing_bytes JAXLAKE_GUARDED_BY(mu) = 0;
   // Counts the changes that can let a refused request succeed (memory
   // freed or released, frees completed). The reclaim loop compares it
   // before and after its steps that release the lock, so that it sees what
   // other threads did meanwhile.
-  std::uint64_t changes = 0;
-  Stats st;
-  std::vector<Unreleased> unreleased;
+  std::uint64_t changes JAXLAKE_GUARDED_BY(mu) = 0;
+  Stats st JAXLAKE_GUARDED_BY(mu);
+  // Per-stream free tags and events (after `changes` and `st`, which it
+  // counts into).
+  StreamClock clock JAXLAKE_GUARDED_BY(mu){
+      drv, {&changes, &st.driver_errors, &st.event_waits}};
+  std::vector<Unreleased> unreleased JAXLAKE_GUARDED_BY(mu);
   // Entries taken out of `unreleased` by a retry in progress (lock
   // released): still counted by the gauges.
-  std::size_t retrying = 0, retrying_held = 0;
-  std::vector<TraceEvent> trace;
-  std::string last_error;
+  std::size_t retrying JAXLAKE_GUARDED_BY(mu) = 0;
+  std::size_t retrying_held JAXLAKE_GUARDED_BY(mu) = 0;
+  std::vector<TraceEvent> trace JAXLAKE_GUARDED_BY(mu);
+  std::string last_error JAXLAKE_GUARDED_BY(mu);
 
   Impl(vmm::Driver& d, const LakeOptions& o)
       : drv(d),
@@ -106,56 +118,36 @@ struct Lake::Impl {
         prealloc_pending(o.preallocate) {
   }
 
-  // ---- stream ordering and events (streams.cc) -------------------------
-  // The state of stream s, made on first use. The last one used is kept
-  // at hand: most frees in a row come from one stream. (Entries are never
-  // erased, and an unordered_map's elements do not move.)
-  StreamState& StreamOf(Stream s) {
-    if (last_state == nullptr || last_stream != s) {
-      last_state = &streams[s];
-      last_stream = s;
-    }
-    return *last_state;
+  // Release the lock inside a JAXLAKE_MAY_UNLOCK method, and take it again
+  // (the analysis sees `mu` released and retaken; see
+  // thread_annotations.h).
+  void Unlock(MutexLock& lk) JAXLAKE_RELEASE(mu)
+      JAXLAKE_NO_THREAD_SAFETY_ANALYSIS {
+    lk.unlock();
   }
-  Stream last_stream = 0;
-  StreamState* last_state = nullptr;
-  Tag FreeTag(Stream s) { return Tag{s, ++StreamOf(s).free_seq}; }
-  bool Safe(const Tag& t) const {
-    if (t.seq == 0) return true;
-    auto it = streams.find(t.stream);
-    return it != streams.end() && it->second.completed >= t.seq;
-  }
-  bool Usable(const Tag& t, Stream s) const {
-    return t.stream == s || Safe(t);
+  void Relock(MutexLock& lk) JAXLAKE_ACQUIRE(mu)
+      JAXLAKE_NO_THREAD_SAFETY_ANALYSIS {
+    lk.lock();
   }
 
-  // True when no stream but s has ever freed anything: then every tag is
-  // s's own or never used, and every free block is usable by s.
-  bool OnlyStream(Stream s) const {
-    return streams.empty() ||
-           (streams.size() == 1 && streams.begin()->first == s);
-  }
-  bool AdvanceStreams(std::optional<Stream> except = std::nullopt);
-
-  // Marks the frees of a stream up to `seq` complete.
-  void Complete(StreamState& ss, std::uint64_t seq) {
-    if (seq > ss.completed) {
-      ss.completed = seq;
-      ++changes;
-    }
-  }
-  bool WaitStreams(std::unique_lock<std::mutex>& lk);
+  // ---- stream ordering (stream_clock.h) ----------------------------------
+  // Waits (lock released) for every pending stream event; true if some
+  // frees completed (reclaim.cc).
+  bool WaitStreams(MutexLock& lk) JAXLAKE_MAY_UNLOCK(mu);
 
   // ---- blocks, gauges and segments (arena.cc) --------------------------
-  void IndexAdd(std::uint64_t seg, std::uint64_t start, Block& b) {
+  void IndexAdd(std::uint64_t seg, std::uint64_t start, Block& b)
+      JAXLAKE_REQUIRES(mu) {
     b.idx = free_index.emplace(b.end - start, seg, start).first;
   }
-  void IndexRemove(std::uint64_t, std::uint64_t, const Block& b) {
+  void IndexRemove(std::uint64_t, std::uint64_t, const Block& b)
+      JAXLAKE_REQUIRES(mu) {
     free_index.erase(b.idx);
   }
 
   // The block holding unit u of a segment.
-  const Block& BlockAt(std::uint64_t seg_id, std::uint64_t u) const {
+  const Block& BlockAt(std::uint64_t seg_id, std::uint64_t u) const
+      JAXLAKE_REQUIRES(mu) {
     const Segment& seg = segs.at(seg_id);
     return std::prev(seg.blocks.upper_bound(u))->second;
   }
@@ -164,23 +156,26 @@ struct Lake::Impl {
     return u % cu ? u - u % cu + cu : u;
   }
   void Carve(std::uint64_t seg_id, std::uint64_t start, std::uint64_t n,
-             BlockState state, std::uint64_t owner);
-  bool MergeTags(const Tag& a, const Tag& b, Tag* out) const;
-  void MakeFree(std::uint64_t seg_id, std::uint64_t start, Tag tag);
-  void Coalesce();
+             BlockState state, std::uint64_t owner) JAXLAKE_REQUIRES(mu);
+  bool MergeTags(const Tag& a, const Tag& b, Tag* out) const
+      JAXLAKE_REQUIRES(mu);
+  void MakeFree(std::uint64_t seg_id, std::uint64_t start, Tag tag)
+      JAXLAKE_REQUIRES(mu);
+  void Coalesce() JAXLAKE_REQUIRES(mu);
   bool RangeFree(std::uint64_t seg_id, std::uint64_t start, std::uint64_t n,
-                 Stream s) const;
+                 Stream s) const JAXLAKE_REQUIRES(mu);
   // Appends to the trace when it is on (the check is inline: the trace is
   // off by default and every allocation and free passes here).
   void Record(bool allocate, std::uintptr_t addr, std::size_t size, Stream s,
-              AllocState state) {
+              AllocState state) JAXLAKE_REQUIRES(mu) {
     if (opt.record_trace) RecordEvent(allocate, addr, size, s, state);
   }
   void RecordEvent(bool allocate, std::uintptr_t addr, std::size_t size,
-                   Stream s, AllocState state);
-  void OnAllocated(std::uintptr_t addr, const Alloc& a, AllocState state);
-  Status CreateSegment(std::unique_lock<std::mutex>& lk, std::uint64_t n,
-                       std::uint64_t* seg_out);
+                   Stream s, AllocState state) JAXLAKE_REQUIRES(mu);
+  void OnAllocated(std::uintptr_t addr, const Alloc& a, AllocState state)
+      JAXLAKE_REQUIRES(mu);
+  Status CreateSegment(MutexLock& lk, std::uint64_t n,
+                       std::uint64_t* seg_out) JAXLAKE_MAY_UNLOCK(mu);
   // Bytes of a new growth range for a segment of `bytes`.
   std::size_t RangeBytes(std::size_t bytes) const {
     return std::max(bytes, max_request);
@@ -189,35 +184,38 @@ struct Lake::Impl {
   // the range's last, the range is gone and *va / *va_bytes (else 0) name
   // the reservation to free.
   void LeaveRange(const Segment& seg, std::uintptr_t* va,
-                  std::size_t* va_bytes);
+                  std::size_t* va_bytes) JAXLAKE_REQUIRES(mu);
   // True when the pieces lie back to back at their primary addresses in
   // one growth range (a stitched range over them needs no mapping).
-  bool BackToBack(const std::vector<Piece>& pieces) const;
+  bool BackToBack(const std::vector<Piece>& pieces) const JAXLAKE_REQUIRES(mu);
   // While nothing was freed since the last growth, a new segment holds at
   // least 1/kGrowAhead of the memory held, where the capacity left allows
   // (docs/design.md, "Growth").
   static constexpr std::uint64_t kGrowAhead = 16;
-  bool ClaimCapacity(std::uint64_t n);
+  bool ClaimCapacity(std::uint64_t n) JAXLAKE_REQUIRES(mu);
   std::uint64_t ClaimGrowth(std::uint64_t need,
-                            std::uint64_t most = ~std::uint64_t{0});
+                            std::uint64_t most = ~std::uint64_t{0})
+      JAXLAKE_REQUIRES(mu);
   // Physical bytes held or claimed (what the capacity is checked against).
-  std::size_t HeldBytes() const;
-  bool FindFit(std::uint64_t n, Stream s, FreeKey* out) const;
-  Status ClaimPrimary(std::unique_lock<std::mutex>& lk, std::uint64_t n,
-                      Stream s, BlockState state, std::uint64_t owner,
+  std::size_t HeldBytes() const JAXLAKE_REQUIRES(mu);
+  bool FindFit(std::uint64_t n, Stream s, FreeKey* out) const
+      JAXLAKE_REQUIRES(mu);
+  Status ClaimPrimary(MutexLock& lk, std::uint64_t n, Stream s,
+                      BlockState state, std::uint64_t owner,
                       std::uint64_t* seg_out, std::uint64_t* start_out,
-                      AllocState* how, const FreeKey* found = nullptr);
+                      AllocState* how, const FreeKey* found = nullptr)
+      JAXLAKE_MAY_UNLOCK(mu);
 
   // ---- reclaim and releasing driver resources (reclaim.cc) ---------
   Status Teardown(Unreleased& u, const char** what);
-  void Keep(Unreleased&& u);
-  std::size_t RetryUnreleased(std::unique_lock<std::mutex>& lk,
-                              Status* status, std::string* error);
+  void Keep(Unreleased&& u) JAXLAKE_REQUIRES(mu);
+  std::size_t RetryUnreleased(MutexLock& lk, Status* status, std::string* error)
+      JAXLAKE_MAY_UNLOCK(mu);
   void Report(Status s, const char* what, Status* status,
-              std::string* error);
-  std::size_t ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
-                                  Status* status = nullptr,
-                                  std::string* error = nullptr);
+              std::string* error) JAXLAKE_REQUIRES(mu);
+  std::size_t ReleaseFreeSegments(MutexLock& lk, Status* status = nullptr,
+                                  std::string* error = nullptr)
+      JAXLAKE_MAY_UNLOCK(mu);
 
   // Runs `attempt` (returning kOutOfMemory when memory is short) and, while
   // it fails for lack of memory, reclaims in rising cost: query stream
@@ -229,7 +227,7 @@ struct Lake::Impl {
   // of times) while such changes keep coming.
   static constexpr int kReclaimRestarts = 2;
   template <typename F>
-  Status WithReclaim(std::unique_lock<std::mutex>& lk, F&& attempt) {
+  Status WithReclaim(MutexLock& lk, F&& attempt) JAXLAKE_MAY_UNLOCK(mu) {
     std::uint64_t seen = changes;
     Status r = attempt();
     if (r != Status::kOutOfMemory) return r;
@@ -240,7 +238,10 @@ struct Lake::Impl {
     // when an attempt returns.)
     while (r == Status::kOutOfMemory && pending_bytes > 0) {
       const std::uint64_t gen = creations;
-      created.wait(lk, [&] { return creations != gen; });
+      created.wait(lk.native(), [&] {
+        mu.AssertHeld();
+        return creations != gen;
+      });
       seen = changes;
       r = attempt();
     }
@@ -249,15 +250,15 @@ struct Lake::Impl {
       for (int round = 0; round < 3; ++round) {
         bool progress = false;
         if (round == 0) {
-          progress = AdvanceStreams();
+          progress = clock.Advance();
         } else if (round == 1) {
           progress = WaitStreams(lk);
         } else {
-          const std::size_t cached = lru.size();
+          const std::size_t cached = stitches.cached();
           progress = RetryUnreleased(lk, nullptr, nullptr) > 0;
           TrimCache(lk, 0);
           progress = ReleaseFreeSegments(lk) > 0 || progress ||
-                     lru.size() != cached;
+                     stitches.cached() != cached;
         }
         if (!progress && changes == seen) continue;
         Coalesce();
@@ -271,7 +272,7 @@ struct Lake::Impl {
   }
 
   // ---- stitched ranges and their cache (stitch.cc) ---------------------
-  void StitchRefs(const Stitched& r, int delta);
+  void StitchRefs(const Stitched& r, int delta) JAXLAKE_REQUIRES(mu);
 
   // Calls f(seg, start, n) for each run of the first `used` units of the
   // range's block (after its lead), one run per piece, in order.
@@ -288,11 +289,12 @@ struct Lake::Impl {
       used -= k;
     }
   }
-  Status DropStitched(std::unique_lock<std::mutex>& lk, std::uint64_t id,
-                      const char** what = nullptr);
-  void TrimCache(std::unique_lock<std::mutex>& lk, std::size_t keep,
-                 Status* status = nullptr, std::string* error = nullptr);
-  Alloc StitchedAlloc(std::uint64_t id, std::size_t size, Stream s) const;
+  Status DropStitched(MutexLock& lk, std::uint64_t id,
+                      const char** what = nullptr) JAXLAKE_MAY_UNLOCK(mu);
+  void TrimCache(MutexLock& lk, std::size_t keep, Status* status = nullptr,
+                 std::string* error = nullptr) JAXLAKE_MAY_UNLOCK(mu);
+  Alloc StitchedAlloc(std::uint64_t id, std::size_t size, Stream s) const
+      JAXLAKE_REQUIRES(mu);
   std::uintptr_t StitchedAddress(const Stitched& r) const {
     return r.va + std::size_t{r.lead} * unit;
   }
@@ -302,7 +304,7 @@ struct Lake::Impl {
   // reuses the ranges its previous step freed, which come first).
   static constexpr int kReuseCandidates = 8;
   bool TryReuse(std::uint64_t n, Stream s, std::size_t size,
-                std::uintptr_t* addr);
+                std::uintptr_t* addr) JAXLAKE_REQUIRES(mu);
 
   // Free blocks of less than a chunk checked as the lead of a stitch.
   static constexpr int kLeadCandidates = 16;
@@ -312,21 +314,22 @@ struct Lake::Impl {
   // first candidates), in another chunk than unit `avoid` of segment
   // `avoid_seg`; false when there is none.
   bool FindHead(std::uint64_t units, Stream s, std::uint64_t avoid_seg,
-                std::uint64_t avoid, Head* head) const;
+                std::uint64_t avoid, Head* head) const JAXLAKE_REQUIRES(mu);
   std::uint64_t PlanStitch(std::uint64_t n, Stream s,
                            std::vector<Piece>* plan, std::uint64_t* lead,
-                           Head* head);
-  Status MapStitched(std::unique_lock<std::mutex>& lk, std::uint64_t id);
-  void AbandonStitched(std::uint64_t id, const std::vector<Tag>& tags);
-  Status TryStitch(std::unique_lock<std::mutex>& lk, std::uint64_t n,
+                           Head* head) JAXLAKE_REQUIRES(mu);
+  Status MapStitched(MutexLock& lk, std::uint64_t id) JAXLAKE_MAY_UNLOCK(mu);
+  void AbandonStitched(std::uint64_t id, const std::vector<Tag>& tags)
+      JAXLAKE_REQUIRES(mu);
+  Status TryStitch(MutexLock& lk, std::uint64_t n,
                    Stream s, std::size_t size, std::uintptr_t* addr,
-                   AllocState* state);
-  Status StitchPlan(std::unique_lock<std::mutex>& lk, std::vector<Piece> plan,
+                   AllocState* state) JAXLAKE_MAY_UNLOCK(mu);
+  Status StitchPlan(MutexLock& lk, std::vector<Piece> plan,
                     std::uint64_t lead, std::uint64_t got, std::uint64_t n,
                     Stream s, std::size_t size, std::uintptr_t* addr,
                     AllocState* state, bool grow_ahead,
                     std::uint64_t most = ~std::uint64_t{0},
-                    const Head& head = Head{});
+                    const Head& head = Head{}) JAXLAKE_MAY_UNLOCK(mu);
 
   // ---- free runs across back-to-back segments (span.cc) ----------------
   // The address right after seg's chunks (where a back-to-back neighbour
@@ -335,70 +338,68 @@ struct Lake::Impl {
     return seg.va + std::size_t{seg.nchunks} * gran;
   }
   // The segment right after seg_id in its growth range (0: none).
-  std::uint64_t NextInRange(std::uint64_t seg_id) const;
+  std::uint64_t NextInRange(std::uint64_t seg_id) const JAXLAKE_REQUIRES(mu);
   // The start of seg_id's last block when it is free and usable by s.
-  bool LastFree(std::uint64_t seg_id, Stream s, std::uint64_t* start) const;
+  bool LastFree(std::uint64_t seg_id, Stream s, std::uint64_t* start) const
+      JAXLAKE_REQUIRES(mu);
   // The end of seg_id's first block when it is free and usable by s.
-  bool FirstFree(std::uint64_t seg_id, Stream s, std::uint64_t* end) const;
+  bool FirstFree(std::uint64_t seg_id, Stream s, std::uint64_t* end) const
+      JAXLAKE_REQUIRES(mu);
   // The plan of a run starting at unit `start` of seg_id, covering up to n
   // units across the following segments; returns the units covered.
   std::uint64_t PlanRun(std::uint64_t seg_id, std::uint64_t start,
                         std::uint64_t n, Stream s, std::vector<Piece>* plan,
-                        std::uint64_t* lead) const;
+                        std::uint64_t* lead) const JAXLAKE_REQUIRES(mu);
   // The smallest free run of at least n units usable by s that crosses a
   // segment boundary; false when there is none.
   bool FindSpan(std::uint64_t n, Stream s, std::uint64_t* seg_out,
-                std::uint64_t* start_out) const;
+                std::uint64_t* start_out) const JAXLAKE_REQUIRES(mu);
   // The free run that ends at the current growth range's edge (the end of
   // its newest segment), where a new segment would be placed.
   bool EdgeRun(Stream s, std::uint64_t* seg_out,
-               std::uint64_t* start_out) const;
-  Status TrySpan(std::unique_lock<std::mutex>& lk, std::uint64_t n, Stream s,
-                 std::size_t size, std::uintptr_t* addr, AllocState* state);
-  Status ServeRun(std::unique_lock<std::mutex>& lk, std::uint64_t seg_id,
-                  std::uint64_t start, std::uint64_t n, Stream s,
-                  std::size_t size, std::uintptr_t* addr, AllocState* state);
-  Status TryEdgeGrow(std::unique_lock<std::mutex>& lk, std::uint64_t n,
+               std::uint64_t* start_out) const JAXLAKE_REQUIRES(mu);
+  Status TrySpan(MutexLock& lk, std::uint64_t n, Stream s, std::size_t size,
+                 std::uintptr_t* addr, AllocState* state)
+      JAXLAKE_MAY_UNLOCK(mu);
+  Status ServeRun(MutexLock& lk, std::uint64_t seg_id, std::uint64_t start,
+                  std::uint64_t n, Stream s, std::size_t size,
+                  std::uintptr_t* addr, AllocState* state)
+      JAXLAKE_MAY_UNLOCK(mu);
+  Status TryEdgeGrow(MutexLock& lk, std::uint64_t n,
                      Stream s, std::size_t size, std::uintptr_t* addr,
-                     AllocState* state);
+                     AllocState* state) JAXLAKE_MAY_UNLOCK(mu);
 
   // ---- the large-request states in allocation order (lake.cc) ----------
-  Status LargeOnce(std::unique_lock<std::mutex>& lk, std::uint64_t n,
+  Status LargeOnce(MutexLock& lk, std::uint64_t n,
                    Stream s, std::size_t size, std::uintptr_t* addr,
-                   AllocState* state);
+                   AllocState* state) JAXLAKE_MAY_UNLOCK(mu);
 
   // ---- small requests (small_pool.cc) ----------------------------------
-  Status NewSlab(std::unique_lock<std::mutex>& lk, Stream s,
-                 std::uint64_t* slab_id);
+  Status NewSlab(MutexLock& lk, Stream s,
+                 std::uint64_t* slab_id) JAXLAKE_MAY_UNLOCK(mu);
   bool SmallFromPool(std::size_t size, std::size_t len, Stream s,
-                     std::uintptr_t* addr);
-  void ReturnSmall(std::uint64_t slab_id, std::size_t off, std::size_t len);
-  void DropEmptySlab(std::uint64_t slab_id);
+                     std::uintptr_t* addr) JAXLAKE_REQUIRES(mu);
+  void ReturnSmall(std::uint64_t slab_id, std::size_t off, std::size_t len)
+      JAXLAKE_REQUIRES(mu);
+  void DropEmptySlab(std::uint64_t slab_id) JAXLAKE_REQUIRES(mu);
 
-  // A small range freed on another stream than its slab's waits here until
-  // that free is complete; only then may the slab's stream reuse it.
-  struct Deferred {
-    Tag tag;
-    std::uint64_t slab;
-    std::size_t off, len;
-  };
-  std::vector<Deferred> deferred_small;
-  void FreeSmall(std::uintptr_t addr, const Alloc& a, Stream s);
-  void FlushDeferredSmall();
-  Status Small(std::unique_lock<std::mutex>& lk, std::size_t size, Stream s,
-               std::uintptr_t* addr);
+  void FreeSmall(std::uintptr_t addr, const Alloc& a, Stream s)
+      JAXLAKE_REQUIRES(mu);
+  void FlushDeferredSmall() JAXLAKE_REQUIRES(mu);
+  Status Small(MutexLock& lk, std::size_t size, Stream s,
+               std::uintptr_t* addr) JAXLAKE_MAY_UNLOCK(mu);
 
   // ---- check and describe (check.cc) -----------------------------------
-  std::string Check() const;
+  std::string Check() const JAXLAKE_REQUIRES(mu);
   // Debug builds: Check() after every operation, aborting on a broken
   // invariant. Release builds: nothing.
-  void DebugCheck() const {
+  void DebugCheck() const JAXLAKE_REQUIRES(mu) {
 #if defined(JAXLAKE_DEBUG) && JAXLAKE_DEBUG
     FailOnBrokenInvariant();
 #endif
   }
-  void FailOnBrokenInvariant() const;
-  std::string Describe() const;
+  void FailOnBrokenInvariant() const JAXLAKE_REQUIRES(mu);
+  std::string Describe() const JAXLAKE_REQUIRES(mu);
 };
 
 }  // namespace jaxlake

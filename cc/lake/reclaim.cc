@@ -4,6 +4,17 @@
 
 namespace jaxlake {
 
+// Waits (lock released) for every pending stream event. Returns true if
+// something completed (StreamClock::FinishWaits says which frees).
+bool Lake::Impl::WaitStreams(MutexLock& lk) {
+  std::vector<StreamClock::Wait> waits = clock.PendingWaits();
+  if (waits.empty()) return false;
+  Unlock(lk);
+  StreamClock::Synchronize(drv, &waits);
+  Relock(lk);
+  return clock.FinishWaits(waits);
+}
+
 // Calls the driver (lock released) for what is left of `u`, in order, and
 // keeps in `u` what still failed. Returns kOk or the first failure, whose
 // call is named in *what.
@@ -52,7 +63,7 @@ void Lake::Impl::Keep(Unreleased&& u) {
 // Retries every kept resource (lock released meanwhile). Returns the
 // physical bytes the driver gave back. On a failure, *status (if kOk) and
 // *error (if empty) take the first one.
-std::size_t Lake::Impl::RetryUnreleased(std::unique_lock<std::mutex>& lk,
+std::size_t Lake::Impl::RetryUnreleased(MutexLock& lk,
                                         Status* status, std::string* error) {
   if (unreleased.empty()) return 0;
   std::vector<Unreleased> work = std::move(unreleased);
@@ -63,7 +74,7 @@ std::size_t Lake::Impl::RetryUnreleased(std::unique_lock<std::mutex>& lk,
   for (std::size_t b : before) held_before += b;
   retrying += work.size();
   retrying_held += held_before;
-  lk.unlock();
+  Unlock(lk);
   Status first = Status::kOk;
   const char* what = "";
   std::uint64_t failures = 0;
@@ -77,7 +88,7 @@ std::size_t Lake::Impl::RetryUnreleased(std::unique_lock<std::mutex>& lk,
       what = w;
     }
   }
-  lk.lock();
+  Relock(lk);
   retrying -= work.size();
   retrying_held -= held_before;
   std::size_t freed = 0;
@@ -112,7 +123,7 @@ void Lake::Impl::Report(Status s, const char* what, Status* status,
 // stitched range (merging free neighbours first). Returns the bytes the
 // driver gave back; a driver failure keeps the rest for a retry and is
 // passed to *status / *error when given.
-std::size_t Lake::Impl::ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
+std::size_t Lake::Impl::ReleaseFreeSegments(MutexLock& lk,
                                             Status* status,
                                             std::string* error) {
   Coalesce();
@@ -120,7 +131,7 @@ std::size_t Lake::Impl::ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
   for (auto [id, seg] : segs) {
     const Block& first = seg.blocks.begin()->second;
     if (seg.stitch_refs == 0 && seg.blocks.size() == 1 &&
-        first.state == BlockState::kFree && Safe(first.tag)) {
+        first.state == BlockState::kFree && clock.Safe(first.tag)) {
       IndexRemove(id, 0, first);
       ids.push_back(id);
     }
@@ -164,7 +175,7 @@ std::size_t Lake::Impl::ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
   std::size_t releasing = 0;
   for (const Unreleased& u : undo) releasing += u.phys;
   releasing_bytes += releasing;
-  lk.unlock();
+  Unlock(lk);
   std::vector<Status> result(undo.size());
   const char* what = "";
   for (std::size_t i = 0; i < undo.size(); ++i) {
@@ -172,7 +183,7 @@ std::size_t Lake::Impl::ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
     result[i] = Teardown(undo[i], &w);
     if (result[i] != Status::kOk && *what == '\0') what = w;
   }
-  lk.lock();
+  Relock(lk);
   releasing_bytes -= releasing;
   ++changes;
   // A segment leaves its growth range only now, after its unmap: another
@@ -207,12 +218,12 @@ std::size_t Lake::Impl::ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
   }
   if (first != Status::kOk) Report(first, what, status, error);
   if (!ranges_undo.empty()) {
-    lk.unlock();
+    Unlock(lk);
     std::vector<Status> rs(ranges_undo.size());
     const char* rwhat = "";
     for (std::size_t i = 0; i < ranges_undo.size(); ++i)
       rs[i] = Teardown(ranges_undo[i], &rwhat);
-    lk.lock();
+    Relock(lk);
     for (std::size_t i = 0; i < ranges_undo.size(); ++i) {
       if (rs[i] == Status::kOk) continue;
       ++st.driver_errors;
@@ -225,16 +236,16 @@ std::size_t Lake::Impl::ReleaseFreeSegments(std::unique_lock<std::mutex>& lk,
 
 std::size_t Lake::empty_cache(Status* status) {
   Impl& m = *impl_;
-  std::unique_lock<std::mutex> lk(m.mu);
+  MutexLock lk(m.mu);
   Status first = Status::kOk;
   std::string error;
   // Whatever the streams' state (another call may have advanced them
   // already): bring back small ranges freed on other streams, then fence
   // the frees that made (and the slabs they emptied).
-  m.AdvanceStreams();
-  if (!m.deferred_small.empty()) {
+  m.clock.Advance();
+  if (m.small.HasDeferred()) {
     m.FlushDeferredSmall();
-    m.AdvanceStreams();
+    m.clock.Advance();
   }
   std::size_t released = m.RetryUnreleased(lk, &first, &error);
   m.TrimCache(lk, 0, &first, &error);

@@ -22,7 +22,7 @@ bool Lake::Impl::LastFree(std::uint64_t seg_id, Stream s,
                           std::uint64_t* start) const {
   const Segment& seg = segs.at(seg_id);
   const auto& [at, b] = *seg.blocks.rbegin();
-  if (b.state != BlockState::kFree || !Usable(b.tag, s)) return false;
+  if (b.state != BlockState::kFree || !clock.Usable(b.tag, s)) return false;
   *start = at;
   return true;
 }
@@ -30,7 +30,7 @@ bool Lake::Impl::LastFree(std::uint64_t seg_id, Stream s,
 bool Lake::Impl::FirstFree(std::uint64_t seg_id, Stream s,
                            std::uint64_t* end) const {
   const Block& b = segs.at(seg_id).blocks.begin()->second;
-  if (b.state != BlockState::kFree || !Usable(b.tag, s)) return false;
+  if (b.state != BlockState::kFree || !clock.Usable(b.tag, s)) return false;
   *end = b.end;
   return true;
 }
@@ -134,7 +134,7 @@ bool Lake::Impl::EdgeRun(Stream s, std::uint64_t* seg_out,
 
 // A request that no single free block fits, served from a free run that
 // crosses segment boundaries: no driver call.
-Status Lake::Impl::TrySpan(std::unique_lock<std::mutex>& lk, std::uint64_t n,
+Status Lake::Impl::TrySpan(MutexLock& lk, std::uint64_t n,
                            Stream s, std::size_t size, std::uintptr_t* addr,
                            AllocState* state) {
   if (!opt.stitch || size < opt.stitch_min) return Status::kOutOfMemory;
@@ -147,7 +147,7 @@ Status Lake::Impl::TrySpan(std::unique_lock<std::mutex>& lk, std::uint64_t n,
 // and goes on across the back-to-back segments after it, as an alias; no
 // driver call. The caller has found the run to hold n units; kOutOfMemory
 // when it needs more pieces than max_pieces (nothing changed).
-Status Lake::Impl::ServeRun(std::unique_lock<std::mutex>& lk,
+Status Lake::Impl::ServeRun(MutexLock& lk,
                             std::uint64_t seg_id, std::uint64_t start,
                             std::uint64_t n, Stream s, std::size_t size,
                             std::uintptr_t* addr, AllocState* state) {
@@ -165,7 +165,7 @@ Status Lake::Impl::ServeRun(std::unique_lock<std::mutex>& lk,
 // is placed right after it, so run + new segment are one contiguous range
 // (an alias), and the free space stays in one piece at the edge, as in a
 // single growing region. The new segment is sized as a growth.
-Status Lake::Impl::TryEdgeGrow(std::unique_lock<std::mutex>& lk,
+Status Lake::Impl::TryEdgeGrow(MutexLock& lk,
                                std::uint64_t n, Stream s, std::size_t size,
                                std::uintptr_t* addr, AllocState* state) {
   if (!opt.stitch || size < opt.stitch_min) return Status::kOutOfMemory;

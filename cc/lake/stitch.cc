@@ -12,19 +12,16 @@ void Lake::Impl::StitchRefs(const Stitched& r, int delta) {
 
 // Unmaps a stitched range that is not in use (lock released meanwhile).
 // A driver failure keeps what is left for a retry; kOk or that failure.
-Status Lake::Impl::DropStitched(std::unique_lock<std::mutex>& lk,
+Status Lake::Impl::DropStitched(MutexLock& lk,
                                 std::uint64_t id, const char** what) {
-  Stitched& r = stitched.at(id);
-  if (r.cached) {
-    lru.erase(r.lru);
-    r.cached = false;
-  }
+  stitches.Uncache(id);
+  Stitched& r = stitches.at(id);
   if (r.alias) {  // nothing of its own is mapped: no driver call
     StitchRefs(r, -1);
     st.stitched_bytes.add(-static_cast<std::int64_t>(std::size_t{r.nunits} *
                                                       unit));
     ++st.stitch_evictions;
-    stitched.erase(id);
+    stitches.Erase(id);
     ++changes;
     return Status::kOk;
   }
@@ -37,14 +34,14 @@ Status Lake::Impl::DropStitched(std::unique_lock<std::mutex>& lk,
   // multi-device sample frees stripes mapped one by one).
   undo.maps.emplace_back(r.va, undo.va_bytes);
   const std::size_t bytes = undo.va_bytes;
-  lk.unlock();
+  Unlock(lk);
   const Status s = Teardown(undo, what);
-  lk.lock();
-  Stitched& r2 = stitched.at(id);
+  Relock(lk);
+  Stitched& r2 = stitches.at(id);
   StitchRefs(r2, -1);
   st.stitched_bytes.add(-static_cast<std::int64_t>(bytes));
   ++st.stitch_evictions;
-  stitched.erase(id);
+  stitches.Erase(id);
   ++changes;
   if (s != Status::kOk) {
     ++st.driver_errors;
@@ -58,18 +55,17 @@ Status Lake::Impl::DropStitched(std::unique_lock<std::mutex>& lk,
 // stream record no events by themselves, so when no cached range is known
 // to be safe, the streams' events are advanced (recorded and queried,
 // never waited for) once before giving up.
-void Lake::Impl::TrimCache(std::unique_lock<std::mutex>& lk, std::size_t keep,
+void Lake::Impl::TrimCache(MutexLock& lk, std::size_t keep,
                            Status* status, std::string* error) {
   bool advanced = false;
-  while (lru.size() > keep) {
-    std::uint64_t victim = 0;
-    for (auto it = lru.rbegin(); it != lru.rend(); ++it)
-      if (Safe(stitched.at(*it).tag)) {
-        victim = *it;
-        break;
-      }
+  while (stitches.cached() > keep) {
+    const std::uint64_t victim = stitches.Oldest(
+        [&](const Stitched& r) {
+          mu.AssertHeld();
+          return clock.Safe(r.tag);
+        });
     if (victim == 0) {
-      if (advanced || !AdvanceStreams()) return;  // all still in flight
+      if (advanced || !clock.Advance()) return;  // all still in flight
       advanced = true;
       continue;
     }
@@ -83,7 +79,7 @@ Alloc Lake::Impl::StitchedAlloc(std::uint64_t id, std::size_t size,
                                 Stream s) const {
   Alloc a;
   a.size = size;
-  a.rounded = std::size_t{stitched.at(id).used} * unit;
+  a.rounded = std::size_t{stitches.at(id).used} * unit;
   a.stream = s;
   a.kind = Kind::kStitched;
   a.owner = id;
@@ -93,24 +89,24 @@ Alloc Lake::Impl::StitchedAlloc(std::uint64_t id, std::size_t size,
 bool Lake::Impl::TryReuse(std::uint64_t n, Stream s, std::size_t size,
                           std::uintptr_t* addr) {
   int candidates = 0;
-  for (auto it = lru.begin(); it != lru.end(); ++it) {
-    Stitched& r = stitched.at(*it);
+  for (const std::uint64_t id : stitches.MostRecentFirst()) {
+    Stitched& r = stitches.at(id);
     if (r.nunits - r.lead < n) continue;
     if (++candidates > kReuseCandidates) break;
     // Reusing the range's VA from another stream needs its last use done.
-    if (!Usable(r.tag, s)) continue;
+    if (!clock.Usable(r.tag, s)) continue;
     bool ok = true;
     ForUsed(r, n, [&](std::uint64_t seg, std::uint64_t start,
                       std::uint64_t k) {
+      mu.AssertHeld();
       ok = ok && RangeFree(seg, start, k, s);
     });
     if (!ok) continue;
-    const std::uint64_t id = *it;
-    lru.erase(it);
-    r.cached = false;
+    stitches.Uncache(id);  // the loop goes no further: this returns
     r.used = n;
     ForUsed(r, n, [&](std::uint64_t seg, std::uint64_t start,
                       std::uint64_t k) {
+      mu.AssertHeld();
       Carve(seg, start, k, BlockState::kLent, id);
     });
     *addr = StitchedAddress(r);
@@ -137,7 +133,7 @@ bool Lake::Impl::FindHead(std::uint64_t units, Stream s,
     const std::uint64_t part = end - c;
     if (part < units || (best != 0 && part >= best)) continue;
     if (seg_id == avoid_seg && c == ChunkDown(avoid)) continue;
-    if (!Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
+    if (!clock.Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
     *head = Head{seg_id, c, 0};
     best = part;
     if (part == units) break;
@@ -180,7 +176,7 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
     if (len >= cu) break;
     if ((start + len) % cu != 0) continue;
     ++seen;
-    if (!Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
+    if (!clock.Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
     fit = Tail{seg_id, start, len};
     break;
   }
@@ -198,11 +194,12 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
     const std::uint64_t part = ChunkUp(start) - start;
     if (part == 0 || part > len || part <= largest.len || part >= n)
       continue;
-    if (!Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
+    if (!clock.Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
     largest = Tail{seg_id, start, part};
   }
   // Whole chunks a plan with tail t takes, and its head (if any).
   auto chunks = [&](const Tail& t, Head* h) {
+    mu.AssertHeld();
     assert(t.len < n);  // else a fit would have served it
     const std::uint64_t m = n - t.len;
     *h = Head{};
@@ -243,7 +240,7 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
     const std::uint64_t a = ChunkUp(start);
     const std::uint64_t b = ChunkDown(start + len);
     if (b <= a) continue;
-    if (!Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
+    if (!clock.Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
     const std::uint64_t k = std::min(b - a, ChunkUp(want - got));
     plan->push_back(Piece{seg_id, a, k});
     got += k;
@@ -262,9 +259,9 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
 
 // Maps the pieces of range `id` into a new reservation (lock released
 // meanwhile); the range's used units must already be lent to it.
-Status Lake::Impl::MapStitched(std::unique_lock<std::mutex>& lk,
+Status Lake::Impl::MapStitched(MutexLock& lk,
                                std::uint64_t id) {
-  const std::vector<Piece> pieces = stitched.at(id).pieces;
+  const std::vector<Piece> pieces = stitches.at(id).pieces;
   std::vector<std::pair<Handle, std::size_t>> src;  // handle, byte offset
   std::size_t bytes = 0;
   for (const Piece& p : pieces) {
@@ -272,7 +269,7 @@ Status Lake::Impl::MapStitched(std::unique_lock<std::mutex>& lk,
     src.emplace_back(seg.handle, std::size_t{p.start} * unit);
     bytes += std::size_t{p.n} * unit;
   }
-  lk.unlock();
+  Unlock(lk);
   std::uintptr_t va = 0;
   Status s = drv.reserve(bytes, &va);
   std::size_t mapped = 0;
@@ -295,8 +292,8 @@ Status Lake::Impl::MapStitched(std::unique_lock<std::mutex>& lk,
     if (done_bytes != 0) undo.maps.emplace_back(va, done_bytes);  // one run
     us = Teardown(undo, nullptr);
   }
-  lk.lock();
-  Stitched& r = stitched.at(id);
+  Relock(lk);
+  Stitched& r = stitches.at(id);
   r.mapping = false;
   if (us != Status::kOk) {
     ++st.driver_errors;
@@ -314,7 +311,7 @@ Status Lake::Impl::MapStitched(std::unique_lock<std::mutex>& lk,
 // tags they had (one per run, in order).
 void Lake::Impl::AbandonStitched(std::uint64_t id,
                                  const std::vector<Tag>& tags) {
-  Stitched& r = stitched.at(id);
+  Stitched& r = stitches.at(id);
   StitchRefs(r, -1);
   std::vector<Piece> runs;
   ForUsed(r, r.used, [&](std::uint64_t seg, std::uint64_t start,
@@ -323,14 +320,14 @@ void Lake::Impl::AbandonStitched(std::uint64_t id,
   });
   for (std::size_t i = 0; i < runs.size(); ++i)
     MakeFree(runs[i].seg, runs[i].start, tags[i]);
-  stitched.erase(id);
+  stitches.Erase(id);
 }
 
 // Stitches free chunks (plus, if allowed, a new segment for the
 // shortfall) into a range for n units. Returns kOk and sets *addr on
 // success; kOutOfMemory if stitching cannot serve the request (nothing
 // changed).
-Status Lake::Impl::TryStitch(std::unique_lock<std::mutex>& lk, std::uint64_t n,
+Status Lake::Impl::TryStitch(MutexLock& lk, std::uint64_t n,
                              Stream s, std::size_t size, std::uintptr_t* addr,
                              AllocState* state) {
   if (!opt.stitch || size < opt.stitch_min) return Status::kOutOfMemory;
@@ -345,6 +342,7 @@ Status Lake::Impl::TryStitch(std::unique_lock<std::mutex>& lk, std::uint64_t n,
     std::vector<Piece> sorted = plan;
     std::sort(sorted.begin(), sorted.end(),
               [&](const Piece& a, const Piece& b) {
+                mu.AssertHeld();
                 return segs.at(a.seg).va + std::size_t{a.start} * unit <
                        segs.at(b.seg).va + std::size_t{b.start} * unit;
               });
@@ -369,7 +367,7 @@ Status Lake::Impl::TryStitch(std::unique_lock<std::mutex>& lk, std::uint64_t n,
 // of it stays free. The
 // range is an alias when its pieces lie back to back, else it is mapped.
 // kOutOfMemory when the shortfall cannot be claimed (nothing changed).
-Status Lake::Impl::StitchPlan(std::unique_lock<std::mutex>& lk,
+Status Lake::Impl::StitchPlan(MutexLock& lk,
                               std::vector<Piece> plan, std::uint64_t lead,
                               std::uint64_t got, std::uint64_t n, Stream s,
                               std::size_t size, std::uintptr_t* addr,
@@ -392,7 +390,7 @@ Status Lake::Impl::StitchPlan(std::unique_lock<std::mutex>& lk,
   }
   bool grew = false;
   const std::uint64_t id = next_id++;
-  Stitched& r0 = stitched[id];
+  Stitched& r0 = stitches.New(id);
   r0.pieces = plan;
   if (hu != 0) r0.pieces.push_back(Piece{head.seg, head.start, cu});
   r0.lead = lead;
@@ -403,6 +401,7 @@ Status Lake::Impl::StitchPlan(std::unique_lock<std::mutex>& lk,
   std::vector<Tag> tags;
   ForUsed(r0, got + hu, [&](std::uint64_t seg, std::uint64_t start,
                             std::uint64_t k) {
+    mu.AssertHeld();
     tags.push_back(BlockAt(seg, start).tag);
     Carve(seg, start, k, BlockState::kLent, id);
   });
@@ -417,7 +416,7 @@ Status Lake::Impl::StitchPlan(std::unique_lock<std::mutex>& lk,
     // Before a head, the new segment's chunks are used whole.
     Carve(seg_id, 0, hu != 0 ? shortfall * cu : n - got, BlockState::kLent,
           id);
-    Stitched& r = stitched.at(id);
+    Stitched& r = stitches.at(id);
     const Piece grown{seg_id, 0, shortfall * cu};
     if (hu != 0) {
       r.pieces.insert(r.pieces.end() - 1, grown);
@@ -431,7 +430,7 @@ Status Lake::Impl::StitchPlan(std::unique_lock<std::mutex>& lk,
     segs.at(seg_id).stitch_refs += 1;
     grew = true;
   }
-  Stitched& rb = stitched.at(id);
+  Stitched& rb = stitches.at(id);
   if (BackToBack(rb.pieces)) {
     // The pieces are contiguous where they are already mapped (a growth
     // placed the shortfall right after a free tail, or free chunks of
@@ -451,7 +450,7 @@ Status Lake::Impl::StitchPlan(std::unique_lock<std::mutex>& lk,
       return ms;
     }
   }
-  Stitched& r = stitched.at(id);
+  Stitched& r = stitches.at(id);
   *addr = StitchedAddress(r);
   *state = grew ? AllocState::stitch_grow : AllocState::stitch;
   OnAllocated(*addr, StitchedAlloc(id, size, s), *state);
