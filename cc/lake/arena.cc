@@ -236,7 +236,7 @@ Status Lake::Impl::CreateSegment(MutexLock& lk,
   seg.range = base;
   seg_by_va.emplace(va, id);
   Block b;
-  b.end = n * cu;
+  b.end = n * chunk_units;
   IndexAdd(id, 0, seg.blocks.emplace(0, b).first->second);
   st.bytes_reserved.add(static_cast<std::int64_t>(bytes));
   st.segments.add(1);
@@ -324,7 +324,7 @@ Status Lake::Impl::ClaimPrimary(MutexLock& lk,
     *how = len == n ? AllocState::fit : AllocState::split;
     return Status::kOk;
   }
-  const std::uint64_t need = ChunkUp(n) / cu;
+  const std::uint64_t need = ChunkUp(n) / chunk_units;
   const std::uint64_t chunks = ClaimGrowth(need);
   if (chunks == 0) return Status::kOutOfMemory;
   Status cs = CreateSegment(lk, chunks, seg_out);

@@ -20,8 +20,8 @@ std::string Lake::Impl::Check() const {
         e << "stitched range " << id << " maps missing segment " << p.seg;
         return e.str();
       }
-      if (p.start + p.n > segs.at(p.seg).nchunks * cu || p.start % cu ||
-          p.n % cu || p.n == 0) {
+      if (p.start + p.n > segs.at(p.seg).nchunks * chunk_units || p.start % chunk_units ||
+          p.n % chunk_units || p.n == 0) {
         e << "stitched range " << id
           << " maps past segment or not whole chunks of " << p.seg;
         return e.str();
@@ -34,7 +34,7 @@ std::string Lake::Impl::Check() const {
         << " units, expected " << r.nunits;
       return e.str();
     }
-    if (r.lead >= cu || r.lead + r.used > r.nunits) {
+    if (r.lead >= chunk_units || r.lead + r.used > r.nunits) {
       e << "stitched range " << id << " lends more chunks than it maps";
       return e.str();
     }
@@ -66,7 +66,7 @@ std::string Lake::Impl::Check() const {
     reserved += std::size_t{seg.nchunks} * gran;
     std::uint64_t at = 0;
     for (const auto& [start, b] : seg.blocks) {
-      if (start != at || b.end <= start || b.end > seg.nchunks * cu) {
+      if (start != at || b.end <= start || b.end > seg.nchunks * chunk_units) {
         e << "segment " << id << " blocks do not tile it at chunk " << start;
         return e.str();
       }
@@ -114,9 +114,9 @@ std::string Lake::Impl::Check() const {
         }
       }
     }
-    if (at != seg.nchunks * cu) {
+    if (at != seg.nchunks * chunk_units) {
       e << "segment " << id << " blocks end at unit " << at << " of "
-        << seg.nchunks * cu;
+        << seg.nchunks * chunk_units;
       return e.str();
     }
     const std::uint64_t want = refs.count(id) ? refs.at(id) : 0;
@@ -268,7 +268,7 @@ LakeSnapshot Lake::snapshot() const {
     s.nchunks = seg.nchunks;
     auto it = seg.blocks.begin();
     for (std::uint64_t c = 0; c < seg.nchunks; ++c) {
-      const std::uint64_t lo = c * m.cu, hi = lo + m.cu;
+      const std::uint64_t lo = c * m.chunk_units, hi = lo + m.chunk_units;
       while (it != seg.blocks.end() && it->second.end <= lo) ++it;
       SnapshotRun r;
       r.start = c;
@@ -300,7 +300,7 @@ LakeSnapshot Lake::snapshot() const {
           else if (a == lo) head = e - a;
         }
         HeldBreakdown& h = out.held;
-        if (free_units == m.cu) {
+        if (free_units == m.chunk_units) {
           h.free_chunks += m.gran;
         } else {
           h.free_tails += tail * m.unit;
@@ -347,19 +347,19 @@ LakeSnapshot Lake::snapshot() const {
     SnapshotStitched s;
     s.id = id;
     s.va = r.va;
-    s.nchunks = r.nunits / m.cu;
+    s.nchunks = r.nunits / m.chunk_units;
     auto lc = lent_chunks.find(id);
     s.used = r.mapping || lc == lent_chunks.end() ? 0 : lc->second;
     s.address = r.mapping || r.used == 0 ? 0 : m.StitchedAddress(r);
     s.cached = r.cached;
     s.busy = r.mapping || r.dropping;
     for (const Piece& p : r.pieces)
-      s.pieces.push_back(SnapshotPiece{p.seg, p.start / m.cu, p.n / m.cu});
+      s.pieces.push_back(SnapshotPiece{p.seg, p.start / m.chunk_units, p.n / m.chunk_units});
     out.stitched.push_back(std::move(s));
   }
   for (const auto& [id, sl] : m.small.slabs())
-    out.slabs.push_back(SnapshotSlab{id, sl.seg, sl.start / m.cu,
-                                     sl.nunits / m.cu,
+    out.slabs.push_back(SnapshotSlab{id, sl.seg, sl.start / m.chunk_units,
+                                     sl.nunits / m.chunk_units,
                                      sl.base, sl.bytes, sl.used, sl.stream});
   auto by_id = [](const auto& a, const auto& b) { return a.id < b.id; };
   std::sort(out.segments.begin(), out.segments.end(), by_id);

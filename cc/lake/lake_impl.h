@@ -43,7 +43,7 @@ struct Lake::Impl {
   std::size_t gran;
   std::size_t unit;   // bytes per unit (the alignment, a power of two)
   int unit_shift;     // log2(unit)
-  std::uint64_t cu;   // units per chunk
+  std::uint64_t chunk_units;  // units per chunk
   std::size_t capacity;
   std::size_t max_request;  // the most bytes of whole chunks in capacity
   std::size_t slab_bytes;
@@ -111,7 +111,7 @@ struct Lake::Impl {
         gran(d.granularity()),
         unit(o.alignment),
         unit_shift(Log2(o.alignment)),
-        cu(static_cast<std::uint64_t>(d.granularity() / o.alignment)),
+        chunk_units(static_cast<std::uint64_t>(d.granularity() / o.alignment)),
         capacity(o.capacity ? o.capacity : d.total_memory()),
         max_request(capacity / gran * gran),
         slab_bytes(o.small_slab ? o.small_slab : d.granularity()),
@@ -151,9 +151,9 @@ struct Lake::Impl {
     const Segment& seg = segs.at(seg_id);
     return std::prev(seg.blocks.upper_bound(u))->second;
   }
-  std::uint64_t ChunkDown(std::uint64_t u) const { return u - u % cu; }
+  std::uint64_t ChunkDown(std::uint64_t u) const { return u - u % chunk_units; }
   std::uint64_t ChunkUp(std::uint64_t u) const {
-    return u % cu ? u - u % cu + cu : u;
+    return u % chunk_units ? u - u % chunk_units + chunk_units : u;
   }
   void Carve(std::uint64_t seg_id, std::uint64_t start, std::uint64_t n,
              BlockState state, std::uint64_t owner) JAXLAKE_REQUIRES(mu);

@@ -40,7 +40,7 @@ std::uint64_t Lake::Impl::PlanRun(std::uint64_t seg_id, std::uint64_t start,
                                   std::vector<Piece>* plan,
                                   std::uint64_t* lead) const {
   const std::uint64_t first = ChunkDown(start);
-  const std::uint64_t seg_end = segs.at(seg_id).nchunks * cu;
+  const std::uint64_t seg_end = segs.at(seg_id).nchunks * chunk_units;
   plan->push_back(Piece{seg_id, first, seg_end - first});
   *lead = start - first;
   std::uint64_t got = seg_end - start;
@@ -48,7 +48,7 @@ std::uint64_t Lake::Impl::PlanRun(std::uint64_t seg_id, std::uint64_t start,
     const std::uint64_t next = NextInRange(cur);
     std::uint64_t end = 0;
     if (next == 0 || !FirstFree(next, s, &end)) break;
-    const std::uint64_t whole = segs.at(next).nchunks * cu;
+    const std::uint64_t whole = segs.at(next).nchunks * chunk_units;
     const std::uint64_t k = std::min(n - got, end);
     plan->push_back(Piece{next, 0, k == whole ? whole : ChunkUp(k)});
     got += k;
@@ -77,7 +77,7 @@ bool Lake::Impl::FindSpan(std::uint64_t n, Stream s, std::uint64_t* seg_out,
   };
   for (const auto& [va, id] : seg_by_va) {
     const Segment& seg = segs.at(id);
-    const std::uint64_t whole = seg.nchunks * cu;
+    const std::uint64_t whole = seg.nchunks * chunk_units;
     const bool adjacent = open && prev != nullptr && seg.range != 0 &&
                           seg.range == prev->range && va == EndOf(*prev);
     std::uint64_t end = 0;
@@ -187,7 +187,7 @@ Status Lake::Impl::TryEdgeGrow(MutexLock& lk,
   // needs room for it (else a plain growth starts a new range).
   const GrowthRange& g = ranges.at(current_range);
   const std::uint64_t room = (g.bytes - g.next) / gran;
-  if (room < ChunkUp(n - got) / cu) return Status::kOutOfMemory;
+  if (room < ChunkUp(n - got) / chunk_units) return Status::kOutOfMemory;
   return StitchPlan(lk, std::move(plan), lead, got, n, s, size, addr, state,
                     /*grow_ahead=*/true, room);
 }

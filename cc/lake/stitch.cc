@@ -163,7 +163,7 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
   struct Tail {
     std::uint64_t seg = 0, start = 0, len = 0;
   };
-  const std::uint64_t rem = n % cu;
+  const std::uint64_t rem = n % chunk_units;
   const bool room = !opt.max_pieces || opt.max_pieces >= 2;
   // A head adds a piece after the shortfall's: only with no piece limit.
   const bool head_room = opt.max_pieces == 0;
@@ -173,8 +173,8 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
        rem != 0 && room && it != free_index.end() && seen < kLeadCandidates;
        ++it) {
     auto [len, seg_id, start] = *it;
-    if (len >= cu) break;
-    if ((start + len) % cu != 0) continue;
+    if (len >= chunk_units) break;
+    if ((start + len) % chunk_units != 0) continue;
     ++seen;
     if (!clock.Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
     fit = Tail{seg_id, start, len};
@@ -186,7 +186,7 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
   Tail largest;
   seen = 0;
   for (auto it = std::make_reverse_iterator(
-           free_index.lower_bound(FreeKey(cu, 0, 0)));
+           free_index.lower_bound(FreeKey(chunk_units, 0, 0)));
        head_room && room && it != free_index.rend() &&
        seen < kEndCandidates;
        ++it, ++seen) {
@@ -203,12 +203,12 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
     assert(t.len < n);  // else a fit would have served it
     const std::uint64_t m = n - t.len;
     *h = Head{};
-    if (m % cu == 0) return m / cu;
-    if (head_room && FindHead(m % cu, s, t.seg, t.start, h)) {
-      h->use = m % cu;
-      return m / cu;
+    if (m % chunk_units == 0) return m / chunk_units;
+    if (head_room && FindHead(m % chunk_units, s, t.seg, t.start, h)) {
+      h->use = m % chunk_units;
+      return m / chunk_units;
     }
-    return m / cu + 1;
+    return m / chunk_units + 1;
   };
   Tail best = fit;
   std::uint64_t least = chunks(fit, head);
@@ -226,8 +226,8 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
     }
   }
   if (best.len != 0) {
-    const std::uint64_t c = best.start + best.len - cu;
-    plan->push_back(Piece{best.seg, c, cu});
+    const std::uint64_t c = best.start + best.len - chunk_units;
+    plan->push_back(Piece{best.seg, c, chunk_units});
     *lead = best.start - c;
     got = best.len;
   }
@@ -236,7 +236,7 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
   for (auto it = free_index.rbegin(); it != free_index.rend() && got < want;
        ++it) {
     auto [len, seg_id, start] = *it;
-    if (len < cu) break;  // no whole chunk in this block or any after it
+    if (len < chunk_units) break;  // no whole chunk in this block or any after it
     const std::uint64_t a = ChunkUp(start);
     const std::uint64_t b = ChunkDown(start + len);
     if (b <= a) continue;
@@ -376,7 +376,7 @@ Status Lake::Impl::StitchPlan(MutexLock& lk,
   got = std::min(got, n);
   // The head's units end the range, after the shortfall's whole chunks.
   std::uint64_t hu = got + head.use <= n ? head.use : 0;
-  std::uint64_t shortfall = got + hu < n ? ChunkUp(n - got - hu) / cu : 0;
+  std::uint64_t shortfall = got + hu < n ? ChunkUp(n - got - hu) / chunk_units : 0;
   std::uint64_t create = 0;  // chunks of the new segment
   if (shortfall > 0) {
     create = grow_ahead ? ClaimGrowth(shortfall, most)
@@ -385,14 +385,14 @@ Status Lake::Impl::StitchPlan(MutexLock& lk,
     if (hu != 0 && create > shortfall) {
       // The growth's share holds the head's units too: no head.
       hu = 0;
-      shortfall = ChunkUp(n - got) / cu;
+      shortfall = ChunkUp(n - got) / chunk_units;
     }
   }
   bool grew = false;
   const std::uint64_t id = next_id++;
   Stitched& r0 = stitches.New(id);
   r0.pieces = plan;
-  if (hu != 0) r0.pieces.push_back(Piece{head.seg, head.start, cu});
+  if (hu != 0) r0.pieces.push_back(Piece{head.seg, head.start, chunk_units});
   r0.lead = lead;
   r0.mapping = true;
   for (const Piece& p : r0.pieces) r0.nunits += p.n;
@@ -414,10 +414,10 @@ Status Lake::Impl::StitchPlan(MutexLock& lk,
       return cs;
     }
     // Before a head, the new segment's chunks are used whole.
-    Carve(seg_id, 0, hu != 0 ? shortfall * cu : n - got, BlockState::kLent,
+    Carve(seg_id, 0, hu != 0 ? shortfall * chunk_units : n - got, BlockState::kLent,
           id);
     Stitched& r = stitches.at(id);
-    const Piece grown{seg_id, 0, shortfall * cu};
+    const Piece grown{seg_id, 0, shortfall * chunk_units};
     if (hu != 0) {
       r.pieces.insert(r.pieces.end() - 1, grown);
       tags.insert(tags.end() - 1, Tag{});
@@ -425,7 +425,7 @@ Status Lake::Impl::StitchPlan(MutexLock& lk,
       r.pieces.push_back(grown);
       tags.push_back(Tag{});
     }
-    r.nunits += shortfall * cu;
+    r.nunits += shortfall * chunk_units;
     r.used = n;
     segs.at(seg_id).stitch_refs += 1;
     grew = true;
