@@ -19,6 +19,12 @@ set -euo pipefail
 out=${1:-jaxlake-fit}
 here=$(cd "$(dirname "$0")/../.." && pwd)
 py=${PYTHON:-python}
+case $py in */*) py="$(cd "$(dirname "$py")" && pwd)/$(basename "$py")" ;; esac
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+# Run from the output folder: in the source tree `python -m jaxlake`
+# would import the uncompiled package instead of the installed one.
+cd "$out"
 engine=${ENGINE:-recorder}
 lm="$py $here/examples/train_lm.py"
 lora="$py $here/examples/finetune_lora.py"
@@ -28,7 +34,6 @@ case $engine in
   *) echo "table.sh: ENGINE must be recorder or fake-gpu, not $engine" >&2
      exit 2 ;;
 esac
-mkdir -p "$out"
 rows=${ROWS:-}   # e.g. ROWS="1b-full 3b-full": only those rows
 real=${REAL:-0}
 row() {  # name "NAME=LO..HI [--step S]" command...
