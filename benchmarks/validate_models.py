@@ -223,8 +223,8 @@ def real_run(name: str, count: int, argv: Sequence[str], policy: str,
             else None, "remat_logged": remat, "log": log}
 
 
-_REMAT = re.compile(r"only reduced to ([0-9.]+)([MG])iB(?: \(([0-9]+) bytes\))?"
-                    r".*down from ([0-9.]+)([MG])iB(?: \(([0-9]+) bytes\))?")
+_SIZE = r"([0-9.]+)([MG])iB(?: \(([0-9]+) bytes\))?"
+_REMAT = re.compile(r"only reduced to " + _SIZE + r".*down from " + _SIZE)
 
 
 def remat_mib(text: str) -> Optional[Tuple[float, float]]:
