@@ -97,6 +97,9 @@ def cases(equinox_python: str) -> Dict[str, Tuple[int, List[str]]]:
                                                    "train_sharded.py"),
                                   "--layout", "fsdp", "--preset", "tiny",
                                   "--batch", "128"] + _LM),
+        "1b": (1, lm + ["--preset", "1b", "--batch", "1", "--dtype",
+                        "bfloat16", "--attention", "xla", "--steps", "2",
+                        "--no-progress"]),
         "equinox-cnn": (1, [equinox_python,
                             os.path.join(HERE, "compat", "equinox_cnn.py"),
                             "--steps", "2", "--batch", "2048"]),
@@ -220,7 +223,24 @@ def real_run(name: str, count: int, argv: Sequence[str], policy: str,
             else None, "remat_logged": remat, "log": log}
 
 
-_REMAT = re.compile(r"only reduced to ([0-9.]+)MiB .*down from ([0-9.]+)MiB")
+_SIZE = r"([0-9.]+)([MG])iB(?: \(([0-9]+) bytes\))?"
+_REMAT = re.compile(r"only reduced to " + _SIZE + r".*down from " + _SIZE)
+
+
+def remat_mib(text: str) -> Optional[Tuple[float, float]]:
+    """XLA's rematerialisation in a log, (from, to) in MiB: the bytes
+    where XLA gives them (it does beside GiB figures), else its MiB or GiB
+    figure."""
+    m = _REMAT.search(text)
+    if not m:
+        return None
+
+    def mib(value: str, unit: str, nbytes: Optional[str]) -> float:
+        if nbytes:
+            return int(nbytes) / MIB
+        return float(value) * (1024.0 if unit == "G" else 1.0)
+
+    return mib(*m.group(4, 5, 6)), mib(*m.group(1, 2, 3))
 
 
 def target_trace(name: str, count: int, argv: Sequence[str],
@@ -246,9 +266,9 @@ def target_trace(name: str, count: int, argv: Sequence[str],
         entry["peak_live"] = max(int(t.core.peak_live(d))
                                  for d in range(max(1, count)))
         entry["events"] = len(t)
-    m = _REMAT.search(text)
+    m = remat_mib(text)
     if m:
-        entry["remat_mib"] = [float(m.group(2)), float(m.group(1))]
+        entry["remat_mib"] = list(m)
     case["target"] = entry
     print(f"  recorded {name} on {format_size(device)}: exit {code}, "
           f"peak live {_mib(entry.get('peak_live'))} MiB", flush=True)
@@ -267,11 +287,10 @@ def adaptation(results: Dict[str, Any]) -> str:
             continue
         remat = []
         for r in case.get("runs", {}).values():
-            m = _REMAT.search(_read(r["log"]))
+            m = remat_mib(_read(r["log"]))
             if m and r["pool"] in (t["device"] * 3 // 4,
                                    t["device"] * 3 // 4 - GRANULE):
-                remat.append(f"{float(m.group(2)):.1f} -> "
-                             f"{float(m.group(1)):.1f}")
+                remat.append(f"{m[0]:.1f} -> {m[1]:.1f}")
         lines.append(
             f"| {name} | {case.get('trace_events', '-')} / "
             f"{_mib(case['trace_peak_live'])} | {_mib(t['device'])} | "

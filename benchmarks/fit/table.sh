@@ -19,6 +19,12 @@ set -euo pipefail
 out=${1:-jaxlake-fit}
 here=$(cd "$(dirname "$0")/../.." && pwd)
 py=${PYTHON:-python}
+case $py in */*) py="$(cd "$(dirname "$py")" && pwd)/$(basename "$py")" ;; esac
+mkdir -p "$out"
+out=$(cd "$out" && pwd)
+# Run from the output folder: in the source tree `python -m jaxlake`
+# would import the uncompiled package instead of the installed one.
+cd "$out"
 engine=${ENGINE:-recorder}
 lm="$py $here/examples/train_lm.py"
 lora="$py $here/examples/finetune_lora.py"
@@ -28,7 +34,6 @@ case $engine in
   *) echo "table.sh: ENGINE must be recorder or fake-gpu, not $engine" >&2
      exit 2 ;;
 esac
-mkdir -p "$out"
 rows=${ROWS:-}   # e.g. ROWS="1b-full 3b-full": only those rows
 real=${REAL:-0}
 row() {  # name "NAME=LO..HI [--step S]" command...
@@ -58,20 +63,42 @@ row 3b-full batch=1..128 $lm --preset 3b --dtype bfloat16 --remat full --batch {
 row tiny-cmp batch=16..1024 $lm --preset tiny --dtype float32 --attention xla --batch {batch} $common
 row small-cmp batch=1..256 $lm --preset small --dtype float32 --attention xla --batch {batch} $common
 # JAX's default run for real (REAL=1), the program's two steps on the
-# fake GPU: only the rows a 2-core machine affords (a run per value, at the
-# GPU's size), over the models' answer and the next power of two.
-real_row() {  # name "NAME=LO..HI" command...
-  local name=$1 vary=$2; shift 2
+# fake GPU, a run per value at the GPU's size: each GPU over the models'
+# answer on that GPU and the next power of two (the linear row: the answer
+# and the next value). The 1b and 3b rows pass --attention xla, the
+# attention their models' traces were compiled with (the recorder compiles
+# without a GPU, where --attention auto is xla; on the fake GPU auto is
+# cuDNN's). Ordered by value: first the rows where BFC without
+# preallocation fragments.
+real_row() {  # name GPU "NAME=LO..HI [--step S]" command...
+  local name=$1 gpu=$2 vary=$3; shift 3
   if [ "$real" != 1 ]; then return; fi
   if [ -n "$rows" ] && [[ " $rows " != *" $name "* ]]; then return; fi
+  if [[ " ${GPUS:-h100 h200} " != *" $gpu "* ]]; then return; fi
   mkdir -p "$out/real"
-  for gpu in ${GPUS:-h100 h200}; do
-    echo "== $name on $gpu (real:jax-default)" >&2
-    $py -m jaxlake fit --gpu "$gpu" --vary $vary --engine fake-gpu \
-      --policies real:jax-default --traces "$out/real/runs" \
-      --json "$out/real/$name-$gpu.json" -- "$@" \
-      > "$out/real/$name-$gpu.txt"
-  done
+  echo "== $name on $gpu (real:jax-default)" >&2
+  $py -m jaxlake fit --gpu "$gpu" --vary $vary --engine fake-gpu \
+    --policies real:jax-default --traces "$out/real/runs" \
+    --json "$out/real/$name-$gpu.json" -- "$@" \
+    > "$out/real/$name-$gpu.txt"
 }
-real_row tiny-none batch=16384..65536 $lm --preset tiny --dtype float32 --attention xla --batch {batch} --steps 2 --no-progress
-real_row small-none batch=1024..8192 $lm --preset small --dtype float32 --attention xla --batch {batch} --steps 2 --no-progress
+two="--steps 2 --no-progress"
+b16="--preset 1b --dtype bfloat16 --attention xla"
+for gpu in h100 h200; do
+  real_row tiny-none $gpu batch=16384..65536 $lm --preset tiny --dtype float32 --attention xla --batch {batch} $two
+  real_row small-none $gpu batch=1024..8192 $lm --preset small --dtype float32 --attention xla --batch {batch} $two
+done
+real_row 1b-none h100 batch=8..16 $lm $b16 --batch {batch} $two
+real_row 1b-none h200 batch=16..32 $lm $b16 --batch {batch} $two
+real_row 1b-none-linear h100 "batch=8..9 --step linear" $lm $b16 --batch {batch} $two
+real_row 1b-none-linear h200 "batch=16..17 --step linear" $lm $b16 --batch {batch} $two
+real_row 1b-buckets-eval h100 batch=128..256 $lm $b16 --remat full --seq-buckets 512,1024 --eval-every 1 --batch {batch} $two
+real_row 1b-buckets-eval h200 batch=256..512 $lm $b16 --remat full --seq-buckets 512,1024 --eval-every 1 --batch {batch} $two
+real_row 3b-full h100 batch=8..16 $lm --preset 3b --dtype bfloat16 --attention xla --remat full --batch {batch} $two
+real_row 3b-full h200 batch=64..128 $lm --preset 3b --dtype bfloat16 --attention xla --remat full --batch {batch} $two
+real_row 1b-full h100 batch=128..256 $lm $b16 --remat full --batch {batch} $two
+real_row 1b-full h200 batch=256..512 $lm $b16 --remat full --batch {batch} $two
+real_row 1b-dots h100 batch=16..32 $lm $b16 --remat dots-saveable --batch {batch} $two
+real_row 1b-dots h200 batch=32..64 $lm $b16 --remat dots-saveable --batch {batch} $two
+real_row 1b-lora h100 batch=8..16 $lora $b16 --batch {batch} $two
+real_row 1b-lora h200 batch=16..32 $lora $b16 --batch {batch} $two
