@@ -9,13 +9,16 @@
 //   and its bytes. cudnnBackendGetAttribute returns them as set, and the
 //   attributes finalization computes; a descriptor-valued attribute fills
 //   the caller's descriptors with copies of the stored ones, as cuDNN does.
-// - Every operation graph has one engine (global index 0); heuristics, in
-//   every mode, return one engine config of it.
-// - An engine config's workspace is the size in bytes of the largest
-//   non-virtual tensor its operation graph reads or writes (a tensor's
-//   bytes: (1 + sum over dimensions of (dim - 1) * stride) elements of its
-//   data type; by-value tensors excluded). It is the fake's rule, not
-//   cuDNN's, whose workspace depends on the engine and its knobs.
+// - Every operation graph has two engines: engine 0 needs no workspace,
+//   engine 1 needs the workspace rule's; heuristics, in every mode, return
+//   one engine config, of engine 1. (XLA with autotuning off runs engine 0
+//   of a convolution with a scratch buffer of no bytes, so engine 0 must
+//   need none.)
+// - The workspace rule: the size in bytes of the largest non-virtual
+//   tensor the operation graph reads or writes (a tensor's bytes: (1 + sum
+//   over dimensions of (dim - 1) * stride) elements of its data type;
+//   by-value tensors excluded). It is the fake's rule, not cuDNN's, whose
+//   workspace depends on the engine and its knobs.
 // - cudnnBackendExecute checks the variant pack against the plan (every
 //   non-virtual tensor's pointer is device memory of the tensor's bytes,
 //   the workspace is device memory of the plan's size) and enqueues, on the
@@ -181,11 +184,17 @@ struct PlanTensor {
   bool by_value;
 };
 
+// The engines of every operation graph, and the one heuristics return.
+constexpr std::int64_t kEngines = 2;
+constexpr std::int64_t kHeuristicsEngine = 1;
+
 struct Descriptor {
   int type = 0;
   bool finalized = false;
   std::map<int, Attribute> attrs;
-  // Execution plans: what execution checks.
+  // Execution plans: their engine's global index, and what execution
+  // checks.
+  std::int64_t engine = 0;
   std::uint64_t workspace = 0;
   std::vector<PlanTensor> tensors;
 };
@@ -315,10 +324,20 @@ std::uint64_t WorkspaceRule(const std::vector<PlanTensor>& tensors) {
   return w;
 }
 
+// An engine's workspace on its graph's tensors: none for engine 0, the
+// rule's for engine 1.
+std::uint64_t EngineWorkspace(const Descriptor& engine,
+                              const std::vector<PlanTensor>& tensors) {
+  std::int64_t index = 0;
+  GetOne(engine, kEngineGlobalIndex, kTypeInt64, &index);
+  return index == 0 ? 0 : WorkspaceRule(tensors);
+}
+
 // The plan's JSON form (CUDNN_ATTR_EXECUTION_PLAN_JSON_REPRESENTATION):
 // what execution checks, so that a deserialized plan checks the same.
 std::string PlanJson(const Descriptor& plan) {
-  std::string s = "{\"jaxlake_fakegpu_plan\":1,\"engine\":0,\"workspace\":" +
+  std::string s = "{\"jaxlake_fakegpu_plan\":1,\"engine\":" +
+                  std::to_string(plan.engine) + ",\"workspace\":" +
                   std::to_string(plan.workspace) + ",\"tensors\":[";
   for (std::size_t i = 0; i < plan.tensors.size(); ++i) {
     const PlanTensor& t = plan.tensors[i];
@@ -330,11 +349,13 @@ std::string PlanJson(const Descriptor& plan) {
 
 bool ParsePlanJson(const std::string& s, Descriptor* plan) {
   unsigned long long ws = 0;
+  long long engine = -1;
   int n = 0;
   if (std::sscanf(s.c_str(),
-                  "{\"jaxlake_fakegpu_plan\":1,\"engine\":0,\"workspace\":%llu"
-                  ",\"tensors\":[%n",
-                  &ws, &n) != 1 || n == 0)
+                  "{\"jaxlake_fakegpu_plan\":1,\"engine\":%lld,"
+                  "\"workspace\":%llu,\"tensors\":[%n",
+                  &engine, &ws, &n) != 2 || n == 0 || engine < 0 ||
+      engine >= kEngines)
     return false;
   std::vector<PlanTensor> tensors;
   std::size_t at = static_cast<std::size_t>(n);
@@ -350,6 +371,7 @@ bool ParsePlanJson(const std::string& s, Descriptor* plan) {
     if (at < s.size() && s[at] == ',') ++at;
   }
   if (s.compare(at, std::string::npos, "]}") != 0) return false;
+  plan->engine = engine;
   plan->workspace = ws;
   plan->tensors = std::move(tensors);
   return true;
@@ -387,12 +409,12 @@ Attribute RefAttribute(Ref r) {
   return a;
 }
 
-// A deserialized plan's engine config: engine 0 of a graph the JSON does
-// not carry, with the plan's workspace.
-Ref DeserializedEngineCfg(std::uint64_t workspace) {
+// A deserialized plan's engine config: the plan's engine of a graph the
+// JSON does not carry, with the plan's workspace.
+Ref DeserializedEngineCfg(std::int64_t index, std::uint64_t workspace) {
   auto engine = std::make_shared<Descriptor>();
   engine->type = kEngine;
-  SetInt64(engine.get(), kEngineGlobalIndex, 0);
+  SetInt64(engine.get(), kEngineGlobalIndex, index);
   EngineComputed(engine.get());
   engine->finalized = true;
   auto cfg = std::make_shared<Descriptor>();
@@ -435,7 +457,7 @@ int Finalize(Descriptor* d) {
           return Fail(kNotFinalized,
                       "cudnnBackendFinalize: an operation of the graph is "
                       "not finalized");
-      SetInt64(d, kOperationGraphEngineGlobalCount, 1);
+      SetInt64(d, kOperationGraphEngineGlobalCount, kEngines);
       return kSuccess;
     }
     case kEngine: {
@@ -446,10 +468,10 @@ int Finalize(Descriptor* d) {
         return Fail(kBadParam,
                     "cudnnBackendFinalize: an engine needs a finalized "
                     "operation graph and a global index");
-      if (index != 0)
+      if (index < 0 || index >= kEngines)
         return Fail(kNotSupported,
-                    "cudnnBackendFinalize: the fake GPU's cuDNN has one "
-                    "engine a graph (global index 0), not " +
+                    "cudnnBackendFinalize: the fake GPU's cuDNN has two "
+                    "engines a graph (global index 0 or 1), not " +
                         std::to_string(index));
       EngineComputed(d);
       return kSuccess;
@@ -465,7 +487,7 @@ int Finalize(Descriptor* d) {
       std::string why;
       if (graph == nullptr || !GraphTensors(*graph, &tensors, &why))
         return Fail(kBadParam, "cudnnBackendFinalize: " + why);
-      EngineCfgComputed(d, WorkspaceRule(tensors));
+      EngineCfgComputed(d, EngineWorkspace(*engine, tensors));
       return kSuccess;
     }
     case kEngineHeur: {
@@ -479,7 +501,7 @@ int Finalize(Descriptor* d) {
       auto engine = std::make_shared<Descriptor>();
       engine->type = kEngine;
       engine->attrs[kEngineOperationGraph] = RefAttribute(graph);
-      SetInt64(engine.get(), kEngineGlobalIndex, 0);
+      SetInt64(engine.get(), kEngineGlobalIndex, kHeuristicsEngine);
       if (int r = Finalize(engine.get()); r != kSuccess) return r;
       engine->finalized = true;
       auto cfg = std::make_shared<Descriptor>();
@@ -505,7 +527,7 @@ int Finalize(Descriptor* d) {
                       "cudnnBackendFinalize: the JSON representation is not "
                       "a plan of the fake GPU's cuDNN");
         d->attrs[kPlanEngineConfig] =
-            RefAttribute(DeserializedEngineCfg(d->workspace));
+            RefAttribute(DeserializedEngineCfg(d->engine, d->workspace));
       } else {
         if (!cfg->finalized)
           return Fail(kNotFinalized,
@@ -518,7 +540,8 @@ int Finalize(Descriptor* d) {
         d->tensors.clear();
         if (graph == nullptr || !GraphTensors(*graph, &d->tensors, &why))
           return Fail(kBadParam, "cudnnBackendFinalize: " + why);
-        d->workspace = WorkspaceRule(d->tensors);
+        d->workspace = EngineWorkspace(*engine, d->tensors);
+        GetOne(*engine, kEngineGlobalIndex, kTypeInt64, &d->engine);
         const std::string text = PlanJson(*d);
         SetComputed(d, kPlanJson, kTypeChar, text.c_str(),
                     static_cast<std::int64_t>(text.size() + 1));
