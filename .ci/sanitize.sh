@@ -21,8 +21,8 @@ export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 run() {
   local sanitize=$1 dir=build/sanitize-${1//,/-}
   # The replay engine and its policy models run on one thread: ThreadSanitizer
-  # has nothing to check there, so its build leaves replay_test out.
-  local tests=(vmm_test lake_test replay_test)
+  # has nothing to check there, so its build leaves their tests out.
+  local tests=(vmm_test lake_test replay_test policy_conformance_test)
   if [ "$sanitize" = thread ]; then tests=(vmm_test lake_test); fi
   echo "== ${sanitize}: configure and build ${tests[*]} stress"
   local start=$SECONDS
