@@ -57,6 +57,7 @@ set(JAXLAKE_FAKEGPU_SOURCES
   cc/fakegpu/runtime.cc
   cc/fakegpu/shared.cc
   cc/fakegpu/cudnn.cc
+  cc/fakegpu/cudnn_backend.cc
   cc/fakegpu/cublas.cc
   cc/fakegpu/nccl.cc
   cc/fakegpu/graph_runtime.cc
