@@ -51,6 +51,7 @@ set(JAXLAKE_FAKEGPU_SOURCES
   cc/fakegpu/control.cc
   cc/fakegpu/device.cc
   cc/fakegpu/memory.cc
+  cc/fakegpu/memory_alloc.cc
   cc/fakegpu/stream.cc
   cc/fakegpu/module.cc
   cc/fakegpu/graph.cc

@@ -126,7 +126,7 @@ inline int DeviceOfPool(CUmemoryPool pool) {
              : -1;
 }
 
-// A stream, event or context synchronisation (memory.cc): each default
+// A stream, event or context synchronisation (memory_alloc.cc): each default
 // pool that reserves more than its release threshold gives its kept memory
 // back to the device down to that threshold, as the driver documents it.
 void TrimPools();
