@@ -55,6 +55,9 @@ set(JAXLAKE_FAKEGPU_SOURCES
   cc/fakegpu/stream.cc
   cc/fakegpu/module.cc
   cc/fakegpu/graph.cc
+  cc/fakegpu/graph_api.cc
+  cc/fakegpu/graph_capture.cc
+  cc/fakegpu/graph_exec.cc
   cc/fakegpu/runtime.cc
   cc/fakegpu/shared.cc
   cc/fakegpu/cudnn.cc
