@@ -40,6 +40,7 @@ set(JAXLAKE_SHIM_SOURCES
   cc/shim/lakes.cc
   cc/shim/loader.cc
   cc/shim/options.cc
+  cc/shim/proc_address.cc
   cc/shim/trace.cc
   cc/shim/trampolines.cc
 )
