@@ -22,7 +22,7 @@ run() {
   local sanitize=$1 dir=build/sanitize-${1//,/-}
   # The replay engine and its policy models run on one thread: ThreadSanitizer
   # has nothing to check there, so its build leaves their tests out.
-  local tests=(vmm_test lake_test replay_test policy_conformance_test)
+  local tests=(vmm_test lake_test trace_test replay_test policy_conformance_test)
   if [ "$sanitize" = thread ]; then tests=(vmm_test lake_test); fi
   echo "== ${sanitize}: configure and build ${tests[*]} stress"
   local start=$SECONDS
