@@ -435,6 +435,19 @@ CUresult SetEvent(Node* n, void* event) {
   return CUDA_SUCCESS;
 }
 
+CUresult SetFromParams(Node* n, const NodeParams* params) {
+  switch (params->type) {
+    case kKernel: return SetKernel(n, &params->kernel);
+    case kMemcpy: return SetCopy(n, &params->memcpy.copyParams);
+    case kMemset: return SetMemset(n, &params->memset);
+    case kHost: return SetHost(n, &params->host);
+    case kWaitEvent:
+    case kEventRecord: return SetEvent(n, params->event.event);
+    case kEmpty: return CUDA_SUCCESS;
+    default: return CUDA_ERROR_NOT_SUPPORTED;
+  }
+}
+
 bool HasMemoryNodes(const Graph& g) {
   for (const auto& n : g.nodes) {
     if (n->type == kMemAlloc || n->type == kMemFree) return true;

@@ -50,14 +50,12 @@ FAKE cuGraphAddEmptyNode(void** node, void* graph, void* const* deps,
                          std::size_t n) {
   ENTER();
   if (node == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  Graph* p = GraphOf(graph);
-  if (!KnownGraph(p)) return CUDA_ERROR_INVALID_VALUE;
-  CUresult r = CUDA_SUCCESS;
-  Node* out = AddNode(p, deps, n, &r);
-  if (out != nullptr) *node = out;
-  return r;
+  return WithGraph(graph, [&](Graphs&, Graph* p) -> CUresult {
+    CUresult r = CUDA_SUCCESS;
+    Node* out = AddNode(p, deps, n, &r);
+    if (out != nullptr) *node = out;
+    return r;
+  });
 }
 
 }  // extern "C"
@@ -69,23 +67,21 @@ template <typename F>
 CUresult AddTyped(void** node, void* graph, void* const* deps, std::size_t n,
                   int type, F set) {
   if (node == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  Graph* p = GraphOf(graph);
-  if (!KnownGraph(p)) return CUDA_ERROR_INVALID_VALUE;
-  CUresult r = CUDA_SUCCESS;
-  Node* out = AddNode(p, deps, n, &r);
-  if (out == nullptr) return r;
-  out->type = type;
-  r = set(out);
-  if (r != CUDA_SUCCESS) {
-    out->type = kEmpty;
-    DestroyNode(out);
-    return r;
-  }
-  fg::CountGraphNode(out->type, out->type == kMemAlloc ? out->bytes : 0);
-  *node = out;
-  return CUDA_SUCCESS;
+  return WithGraph(graph, [&](Graphs&, Graph* p) -> CUresult {
+    CUresult r = CUDA_SUCCESS;
+    Node* out = AddNode(p, deps, n, &r);
+    if (out == nullptr) return r;
+    out->type = type;
+    r = set(out);
+    if (r != CUDA_SUCCESS) {
+      out->type = kEmpty;
+      DestroyNode(out);
+      return r;
+    }
+    fg::CountGraphNode(out->type, out->type == kMemAlloc ? out->bytes : 0);
+    *node = out;
+    return CUDA_SUCCESS;
+  });
 }
 
 // The node a handle names when it is a node of `type`, else nullptr (its
@@ -210,14 +206,12 @@ FAKE cuGraphAddNode(void** node, void* graph, void* const* deps,
                     std::size_t n, NodeParams* params) {
   ENTER();
   if (node == nullptr || params == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  Graph* p = GraphOf(graph);
-  if (!KnownGraph(p)) return CUDA_ERROR_INVALID_VALUE;
-  Node* out = nullptr;
-  CUresult r = AddFromParams(p, deps, n, params, &out);
-  if (r == CUDA_SUCCESS) *node = out;
-  return r;
+  return WithGraph(graph, [&](Graphs&, Graph* p) -> CUresult {
+    Node* out = nullptr;
+    CUresult r = AddFromParams(p, deps, n, params, &out);
+    if (r == CUDA_SUCCESS) *node = out;
+    return r;
+  });
 }
 FAKE cuGraphAddNode_v2(void** node, void* graph, void* const* deps,
                        const void* /*edges*/, std::size_t n,
@@ -254,53 +248,47 @@ FAKE cuGraphDestroyNode(void* node) {
 FAKE cuGraphGetNodes(void* graph, void** nodes, std::size_t* n) {
   ENTER();
   if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  Graph* p = GraphOf(graph);
-  if (!KnownGraph(p)) return CUDA_ERROR_INVALID_VALUE;
-  if (nodes != nullptr)
-    for (std::size_t i = 0; i < std::min(*n, p->nodes.size()); ++i)
-      nodes[i] = p->nodes[i].get();
-  *n = p->nodes.size();
-  return CUDA_SUCCESS;
+  return WithGraph(graph, [&](Graphs&, Graph* p) -> CUresult {
+    if (nodes != nullptr)
+      for (std::size_t i = 0; i < std::min(*n, p->nodes.size()); ++i)
+        nodes[i] = p->nodes[i].get();
+    *n = p->nodes.size();
+    return CUDA_SUCCESS;
+  });
 }
 
 FAKE cuGraphGetRootNodes(void* graph, void** nodes, std::size_t* n) {
   ENTER();
   if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  Graph* p = GraphOf(graph);
-  if (!KnownGraph(p)) return CUDA_ERROR_INVALID_VALUE;
-  std::size_t count = 0;
-  for (auto& x : p->nodes) {
-    if (!x->deps.empty()) continue;
-    if (nodes != nullptr && count < *n) nodes[count] = x.get();
-    ++count;
-  }
-  *n = count;
-  return CUDA_SUCCESS;
+  return WithGraph(graph, [&](Graphs&, Graph* p) -> CUresult {
+    std::size_t count = 0;
+    for (auto& x : p->nodes) {
+      if (!x->deps.empty()) continue;
+      if (nodes != nullptr && count < *n) nodes[count] = x.get();
+      ++count;
+    }
+    *n = count;
+    return CUDA_SUCCESS;
+  });
 }
 
 FAKE cuGraphGetEdges(void* graph, void** from, void** to, std::size_t* n) {
   ENTER();
   if (n == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  Graph* p = GraphOf(graph);
-  if (!KnownGraph(p)) return CUDA_ERROR_INVALID_VALUE;
-  std::size_t count = 0;
-  for (auto& x : p->nodes) {
-    for (Node* d : x->deps) {
-      if (from != nullptr && to != nullptr && count < *n) {
-        from[count] = d;
-        to[count] = x.get();
+  return WithGraph(graph, [&](Graphs&, Graph* p) -> CUresult {
+    std::size_t count = 0;
+    for (auto& x : p->nodes) {
+      for (Node* d : x->deps) {
+        if (from != nullptr && to != nullptr && count < *n) {
+          from[count] = d;
+          to[count] = x.get();
+        }
+        ++count;
       }
-      ++count;
     }
-  }
-  *n = count;
-  return CUDA_SUCCESS;
+    *n = count;
+    return CUDA_SUCCESS;
+  });
 }
 FAKE cuGraphGetEdges_v2(void* graph, void** from, void** to, void* edges,
                         std::size_t* n) {

@@ -100,56 +100,52 @@ CUresult BeginCapture(CUstream stream, Graph* into, void* const* deps,
 
 CUresult EndCapture(CUstream stream, void** graph) {
   if (graph == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  fg::Stream* s = StreamFor(stream);
-  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  StreamCapture* sc = CaptureOf(s);
-  if (sc == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
-  std::shared_ptr<Capture> c = sc->capture;
-  if (c->origin != s) return CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
-  if (c->mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
-      c->thread != std::this_thread::get_id())
-    return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
-  EndCaptureOf(c);
-  if (c->invalid) {
-    if (c->owns_graph) {
-      g.graphs.erase(c->graph);
-      DropAllocations(*c->graph);
-      delete c->graph;
+  return WithStreamCapture(
+      stream, [&](Graphs& g, fg::Stream* s, StreamCapture* sc) -> CUresult {
+    if (sc == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
+    std::shared_ptr<Capture> c = sc->capture;
+    if (c->origin != s) return CUDA_ERROR_STREAM_CAPTURE_UNMATCHED;
+    if (c->mode != CU_STREAM_CAPTURE_MODE_RELAXED &&
+        c->thread != std::this_thread::get_id())
+      return CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+    EndCaptureOf(c);
+    if (c->invalid) {
+      if (c->owns_graph) {
+        g.graphs.erase(c->graph);
+        DropAllocations(*c->graph);
+        delete c->graph;
+      }
+      *graph = nullptr;
+      return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     }
-    *graph = nullptr;
-    return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-  }
-  *graph = c->graph;
-  return CUDA_SUCCESS;
+    *graph = c->graph;
+    return CUDA_SUCCESS;
+  });
 }
 
 // cuStreamGetCaptureInfo and its versions.
 CUresult CaptureInfo(CUstream stream, int* status, cuuint64_t* id,
                      void** graph, void* const** deps, std::size_t* n) {
   if (status == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  fg::Stream* s = StreamFor(stream);
-  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  StreamCapture* sc = CaptureOf(s);
-  if (sc == nullptr) {
-    *status = CU_STREAM_CAPTURE_STATUS_NONE;
-    if (n != nullptr) *n = 0;
-    if (deps != nullptr) *deps = nullptr;
-    if (graph != nullptr) *graph = nullptr;
+  return WithStreamCapture(
+      stream, [&](Graphs&, fg::Stream*, StreamCapture* sc) -> CUresult {
+    if (sc == nullptr) {
+      *status = CU_STREAM_CAPTURE_STATUS_NONE;
+      if (n != nullptr) *n = 0;
+      if (deps != nullptr) *deps = nullptr;
+      if (graph != nullptr) *graph = nullptr;
+      return CUDA_SUCCESS;
+    }
+    *status = sc->capture->invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
+                                   : CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    if (id != nullptr) *id = sc->capture->id;
+    if (graph != nullptr) *graph = sc->capture->graph;
+    sc->reported = sc->deps;
+    if (deps != nullptr)
+      *deps = reinterpret_cast<void* const*>(sc->reported.data());
+    if (n != nullptr) *n = sc->reported.size();
     return CUDA_SUCCESS;
-  }
-  *status = sc->capture->invalid ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
-                                 : CU_STREAM_CAPTURE_STATUS_ACTIVE;
-  if (id != nullptr) *id = sc->capture->id;
-  if (graph != nullptr) *graph = sc->capture->graph;
-  sc->reported = sc->deps;
-  if (deps != nullptr)
-    *deps = reinterpret_cast<void* const*>(sc->reported.data());
-  if (n != nullptr) *n = sc->reported.size();
-  return CUDA_SUCCESS;
+  });
 }
 
 }  // namespace jaxlake::fakegpu::graphs
@@ -434,21 +430,19 @@ FAKE cuStreamUpdateCaptureDependencies(CUstream stream, void** nodes,
                                        std::size_t n, unsigned int flags) {
   ENTER();
   if (flags > 1 || (n != 0 && nodes == nullptr)) return CUDA_ERROR_INVALID_VALUE;
-  fg::Stream* s = StreamFor(stream);
-  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  StreamCapture* sc = CaptureOf(s);
-  if (sc == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
-  if (flags == 1) sc->deps.clear();  // SET
-  for (std::size_t i = 0; i < n; ++i) {
-    auto* node = static_cast<Node*>(nodes[i]);
-    if (node == nullptr || node->owner != sc->capture->graph)
-      return CUDA_ERROR_INVALID_VALUE;
-    if (std::find(sc->deps.begin(), sc->deps.end(), node) == sc->deps.end())
-      sc->deps.push_back(node);
-  }
-  return CUDA_SUCCESS;
+  return WithStreamCapture(
+      stream, [&](Graphs&, fg::Stream*, StreamCapture* sc) -> CUresult {
+    if (sc == nullptr) return CUDA_ERROR_ILLEGAL_STATE;
+    if (flags == 1) sc->deps.clear();  // SET
+    for (std::size_t i = 0; i < n; ++i) {
+      auto* node = static_cast<Node*>(nodes[i]);
+      if (node == nullptr || node->owner != sc->capture->graph)
+        return CUDA_ERROR_INVALID_VALUE;
+      if (std::find(sc->deps.begin(), sc->deps.end(), node) == sc->deps.end())
+        sc->deps.push_back(node);
+    }
+    return CUDA_SUCCESS;
+  });
 }
 FAKE cuStreamUpdateCaptureDependencies_ptsz(CUstream stream, void** nodes,
                                             std::size_t n,

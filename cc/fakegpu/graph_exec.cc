@@ -190,36 +190,16 @@ FAKE cuGraphExecChildGraphNodeSetParams(void* exec, void* node, void* child) {
 FAKE cuGraphExecNodeSetParams(void* exec, void* node, NodeParams* params) {
   ENTER();
   if (params == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  return ExecSet(exec, node, params->type, [&](Node* n) -> CUresult {
-    switch (params->type) {
-      case kKernel: return SetKernel(n, &params->kernel);
-      case kMemcpy: return SetCopy(n, &params->memcpy.copyParams);
-      case kMemset: return SetMemset(n, &params->memset);
-      case kHost: return SetHost(n, &params->host);
-      case kWaitEvent:
-      case kEventRecord: return SetEvent(n, params->event.event);
-      case kEmpty: return CUDA_SUCCESS;
-      default: return CUDA_ERROR_NOT_SUPPORTED;
-    }
-  });
+  return ExecSet(exec, node, params->type,
+                 [&](Node* n) { return SetFromParams(n, params); });
 }
 FAKE cuGraphNodeSetParams(void* node, NodeParams* params) {
   ENTER();
   auto* n = static_cast<Node*>(node);
   if (n == nullptr || params == nullptr || n->type != params->type)
     return CUDA_ERROR_INVALID_VALUE;
-  Graphs& g = G();
-  Lock lock(g.mu);
-  switch (params->type) {
-    case kKernel: return SetKernel(n, &params->kernel);
-    case kMemcpy: return SetCopy(n, &params->memcpy.copyParams);
-    case kMemset: return SetMemset(n, &params->memset);
-    case kHost: return SetHost(n, &params->host);
-    case kWaitEvent:
-    case kEventRecord: return SetEvent(n, params->event.event);
-    case kEmpty: return CUDA_SUCCESS;
-    default: return CUDA_ERROR_NOT_SUPPORTED;
-  }
+  Lock lock(G().mu);
+  return SetFromParams(n, params);
 }
 
 FAKE cuGraphNodeSetEnabled(void* exec, void* node, unsigned int enabled) {

@@ -333,6 +333,9 @@ CUresult SetHost(Node* n, const HostParams* p);
 
 CUresult SetEvent(Node* n, void* event);
 
+// Sets `n`'s parameters from CUgraphNodeParams of its type.
+CUresult SetFromParams(Node* n, const NodeParams* params);
+
 bool HasMemoryNodes(const Graph& g);
 
 // Removes `n` from its graph, with the edges that name it.
@@ -383,6 +386,28 @@ CUresult EndCapture(CUstream stream, void** graph);
 // cuStreamGetCaptureInfo and its versions.
 CUresult CaptureInfo(CUstream stream, int* status, cuuint64_t* id,
                      void** graph, void* const** deps, std::size_t* n);
+
+// f(graphs, the stream, its capture or null) under the graphs' lock, for
+// a stream the driver knows; else CUDA_ERROR_INVALID_HANDLE.
+template <typename F>
+CUresult WithStreamCapture(CUstream stream, F f) {
+  fg::Stream* s = StreamFor(stream);
+  if (s == nullptr) return CUDA_ERROR_INVALID_HANDLE;
+  Graphs& g = G();
+  Lock lock(g.mu);
+  return f(g, s, CaptureOf(s));
+}
+
+// f(graphs, the graph `handle` names) under the graphs' lock, for a graph
+// the program knows; else CUDA_ERROR_INVALID_VALUE.
+template <typename F>
+CUresult WithGraph(void* handle, F f) {
+  Graphs& g = G();
+  Lock lock(g.mu);
+  Graph* p = GraphOf(handle);
+  if (!KnownGraph(p)) return CUDA_ERROR_INVALID_VALUE;
+  return f(g, p);
+}
 
 // Work enqueued on `stream`: when the stream is being captured, *r =
 // add(g, capture) under the graphs' lock (the work becomes nodes) and true;
