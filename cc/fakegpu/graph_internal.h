@@ -23,11 +23,8 @@
 
 #include "cc/fakegpu/driver.h"
 #include "cc/fakegpu/fakegpu.h"
+#include "cc/fakegpu/memcpy3d.h"
 #include "cc/vmm/cuda_types.h"
-
-using namespace jaxlake::cuda;            // NOLINT: the driver's vocabulary
-using namespace jaxlake::fakegpu::driver;  // NOLINT: its shared state
-namespace fg = jaxlake::fakegpu;
 
 namespace jaxlake::fakegpu::graphs {
 
@@ -50,23 +47,7 @@ enum NodeType {
 
 // The public parameter structs of cuda.h, field for field (the fake keeps
 // its own copies, as cc/vmm/cuda_types.h does).
-struct Memcpy3D {  // CUDA_MEMCPY3D
-  std::size_t srcXInBytes, srcY, srcZ, srcLOD;
-  int srcMemoryType;
-  const void* srcHost;
-  CUdeviceptr srcDevice;
-  void* srcArray;
-  void* reserved0;
-  std::size_t srcPitch, srcHeight;
-  std::size_t dstXInBytes, dstY, dstZ, dstLOD;
-  int dstMemoryType;
-  void* dstHost;
-  CUdeviceptr dstDevice;
-  void* dstArray;
-  void* reserved1;
-  std::size_t dstPitch, dstHeight;
-  std::size_t WidthInBytes, Height, Depth;
-};
+using Memcpy3D = fg::Memcpy3D;  // CUDA_MEMCPY3D (memcpy3d.h)
 struct MemsetParams {  // CUDA_MEMSET_NODE_PARAMS (v2 adds ctx)
   CUdeviceptr dst;
   std::size_t pitch;
@@ -144,7 +125,6 @@ struct NodeParams {  // CUgraphNodeParams
   };
   long long reserved2;
 };
-static_assert(sizeof(Memcpy3D) == 200, "CUDA_MEMCPY3D");
 static_assert(sizeof(PoolProps) == 88, "CUmemPoolProps");
 static_assert(sizeof(NodeParams) == 256, "CUgraphNodeParams");
 struct InstantiateParams {  // CUDA_GRAPH_INSTANTIATE_PARAMS

@@ -46,6 +46,20 @@ void TrimPools() {
 
 }  // namespace jaxlake::fakegpu::driver
 
+namespace {
+// f(the driver's state, the pool's device) under the driver's lock, for a
+// pool the driver made and an attribute value; else
+// CUDA_ERROR_INVALID_VALUE.
+template <typename F>
+CUresult WithPool(CUmemoryPool pool, void* value, F f) {
+  const int dev = DeviceOfPool(pool);
+  if (dev < 0 || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  Driver& d = D();
+  std::lock_guard<std::mutex> lock(d.mu);
+  return f(d, dev);
+}
+}  // namespace
+
 extern "C" {
 
 // ---- plain allocations ------------------------------------------------------
@@ -298,61 +312,57 @@ FAKE cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
 
 FAKE cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void* value) {
   ENTER();
-  const int dev = DeviceOfPool(pool);
-  if (dev < 0 || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  Driver& d = D();
-  std::lock_guard<std::mutex> lock(d.mu);
-  auto* out = static_cast<cuuint64_t*>(value);
-  switch (attr) {
-    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-      *static_cast<int*>(value) = 1;
-      return CUDA_SUCCESS;
-    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
-      *out = d.release_threshold[dev];
-      return CUDA_SUCCESS;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
-      *out = d.pool_used[dev] + d.pool_freeing[dev] + d.pool_cached[dev];
-      return CUDA_SUCCESS;
-    case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
-      *out = d.pool_used[dev];
-      return CUDA_SUCCESS;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
-      *out = d.pool_reserved_high[dev];
-      return CUDA_SUCCESS;
-    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-      *out = d.pool_high[dev];
-      return CUDA_SUCCESS;
-    default:
-      return CUDA_ERROR_INVALID_VALUE;
-  }
+  return WithPool(pool, value, [&](Driver& d, int dev) -> CUresult {
+    auto* out = static_cast<cuuint64_t*>(value);
+    switch (attr) {
+      case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+      case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+      case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+        *static_cast<int*>(value) = 1;
+        return CUDA_SUCCESS;
+      case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+        *out = d.release_threshold[dev];
+        return CUDA_SUCCESS;
+      case CU_MEMPOOL_ATTR_RESERVED_MEM_CURRENT:
+        *out = d.pool_used[dev] + d.pool_freeing[dev] + d.pool_cached[dev];
+        return CUDA_SUCCESS;
+      case CU_MEMPOOL_ATTR_USED_MEM_CURRENT:
+        *out = d.pool_used[dev];
+        return CUDA_SUCCESS;
+      case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+        *out = d.pool_reserved_high[dev];
+        return CUDA_SUCCESS;
+      case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+        *out = d.pool_high[dev];
+        return CUDA_SUCCESS;
+      default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+  });
 }
 
 FAKE cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void* value) {
   ENTER();
-  const int dev = DeviceOfPool(pool);
-  if (dev < 0 || value == nullptr) return CUDA_ERROR_INVALID_VALUE;
-  Driver& d = D();
-  std::lock_guard<std::mutex> lock(d.mu);
-  switch (attr) {
-    case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-    case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-      return CUDA_SUCCESS;
-    case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
-      d.release_threshold[dev] = *static_cast<const cuuint64_t*>(value);
-      return CUDA_SUCCESS;
-    case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
-      d.pool_reserved_high[dev] =
-          d.pool_used[dev] + d.pool_freeing[dev] + d.pool_cached[dev];
-      return CUDA_SUCCESS;
-    case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
-      d.pool_high[dev] = d.pool_used[dev];
-      return CUDA_SUCCESS;
-    default:
-      return CUDA_ERROR_INVALID_VALUE;
-  }
+  return WithPool(pool, value, [&](Driver& d, int dev) -> CUresult {
+    switch (attr) {
+      case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
+      case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
+      case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
+        return CUDA_SUCCESS;
+      case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
+        d.release_threshold[dev] = *static_cast<const cuuint64_t*>(value);
+        return CUDA_SUCCESS;
+      case CU_MEMPOOL_ATTR_RESERVED_MEM_HIGH:
+        d.pool_reserved_high[dev] =
+            d.pool_used[dev] + d.pool_freeing[dev] + d.pool_cached[dev];
+        return CUDA_SUCCESS;
+      case CU_MEMPOOL_ATTR_USED_MEM_HIGH:
+        d.pool_high[dev] = d.pool_used[dev];
+        return CUDA_SUCCESS;
+      default:
+        return CUDA_ERROR_INVALID_VALUE;
+    }
+  });
 }
 
 FAKE cuMemPoolTrimTo(CUmemoryPool pool, std::size_t keep) {
