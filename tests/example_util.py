@@ -9,7 +9,7 @@ import os
 import subprocess
 import sys
 from pathlib import Path
-from typing import Dict
+from typing import Dict, Tuple
 
 import pytest
 
@@ -50,3 +50,18 @@ def run_example(script: str, *args: str, timeout: float, ok: bool = True
         pytest.fail(f"{' '.join(cmd)} exited {done.returncode}:\n"
                     f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
     return done
+
+
+def example_help(module: str, timeout: float) -> Tuple[str, str]:
+    """The --help text of examples/`module`.py's parser(), and one line per
+    option (its flags and help), from one subprocess."""
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+            f"import {module} as m; p = m.parser(); "
+            "print(p.format_help()); print('-- options --'); "
+            "print('\\n'.join(f'{a.option_strings} {a.help}' for a in "
+            "p._actions if a.dest != 'help'))")
+    out = subprocess.run([sys.executable, "-c", code, str(EXAMPLES)],
+                         env=cpu_env(), capture_output=True, text=True,
+                         timeout=timeout, check=True).stdout
+    help_text, options = out.split("-- options --")
+    return help_text, options

@@ -21,7 +21,8 @@ from typing import Dict, List
 
 import pytest
 
-from example_util import EXAMPLES, ROOT, require_examples, run_example
+from example_util import (EXAMPLES, ROOT, example_help, require_examples,
+                          run_example)
 from example_util import cpu_env as _env
 
 require_examples()
@@ -104,15 +105,7 @@ def test_examples_start_quietly(trained: Dict[str, Path]) -> None:
                                     "finetune_lora.py"])
 def test_help(script: str) -> None:
     # One process: --help as a user sees it, then every option's help.
-    code = ("import contextlib, io, sys; sys.path.insert(0, sys.argv[1]); "
-            f"import {script[:-3]} as m; p = m.parser(); "
-            "print(p.format_help()); print('-- options --'); "
-            "print('\\n'.join(f'{a.option_strings} {a.help}' for a in "
-            "p._actions if a.dest != 'help'))")
-    out = subprocess.run([sys.executable, "-c", code, str(EXAMPLES)],
-                         env=_env(), capture_output=True, text=True,
-                         timeout=TIMEOUT, check=True).stdout
-    help_text, options = out.split("-- options --")
+    help_text, options = example_help(script[:-3], TIMEOUT)
     assert f"usage: {script}" in help_text
     for flag in ("--preset", "--remat", "--grad-accum", "--seq-buckets",
                  "--eval-every", "--jaxlake", "--no-jaxlake", "--trace",

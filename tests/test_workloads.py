@@ -27,8 +27,8 @@ import pytest
 
 from fakegpu_util import NEEDS_JAX, ROOT, fake_run
 
-from example_util import EXAMPLES, require_examples, run_example
-from example_util import cpu_env as _env
+from example_util import (EXAMPLES, example_help, require_examples,
+                          run_example)
 
 require_examples()
 
@@ -123,15 +123,7 @@ def test_serve_trace_shows_caches_grow_and_go(served: Dict[str, Path]
 
 
 def test_serve_help_gives_every_default() -> None:
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
-            "import serve_lm as m; p = m.parser(); "
-            "print(p.format_help()); print('-- options --'); "
-            "print('\\n'.join(f'{a.option_strings} {a.help}' for a in "
-            "p._actions if a.dest != 'help'))")
-    out = subprocess.run([sys.executable, "-c", code, str(EXAMPLES)],
-                         env=_env(), capture_output=True, text=True,
-                         timeout=TIMEOUT, check=True).stdout
-    help_text, options = out.split("-- options --")
+    help_text, options = example_help("serve_lm", TIMEOUT)
     assert "usage: serve_lm.py" in help_text
     for flag in ("--requests", "--max-len", "--prompt-len", "--new-tokens",
                  "--cache", "--slots", "--verify", "--trace"):
