@@ -150,3 +150,15 @@ ck({lib}.cuStreamWaitValue32(stream, U64(flag.value), ctypes.c_uint32(1), 0),
 def release():
     ctypes.c_uint32.from_address(flag.value).value = 1
 """
+
+
+#: A JAX program of one n MiB array (n its argument) and a jitted
+#: reduction of it: what the fit tests fit on the fake GPU.
+N_MIB_PROGRAM = """
+import sys
+import jax, jax.numpy as jnp
+n = int(sys.argv[1])
+x = jnp.ones((n, 1 << 18), jnp.float32)   # n MiB
+y = jax.jit(lambda a: (a * 2).sum(axis=0))(x)
+y.block_until_ready()
+"""
