@@ -439,32 +439,23 @@ FAKE cuGraphKernelNodeCopyAttributes(void* dst, void* src) {
              : CUDA_ERROR_INVALID_VALUE;
 }
 
-FAKE cuGraphMemcpyNodeGetParams(void* node, Memcpy3D* params) {
-  ENTER();
-  return GetTyped(node, kMemcpy, params, [](const Node& n) { return n.copy; });
-}
-FAKE cuGraphMemcpyNodeSetParams(void* node, const Memcpy3D* params) {
-  ENTER();
-  return SetTyped(node, kMemcpy, [&](Node* n) { return SetCopy(n, params); });
-}
-FAKE cuGraphMemsetNodeGetParams(void* node, MemsetParams* params) {
-  ENTER();
-  return GetTyped(node, kMemset, params,
-                  [](const Node& n) { return n.memset; });
-}
-FAKE cuGraphMemsetNodeSetParams(void* node, const MemsetParams* params) {
-  ENTER();
-  return SetTyped(node, kMemset,
-                  [&](Node* n) { return SetMemset(n, params); });
-}
-FAKE cuGraphHostNodeGetParams(void* node, HostParams* params) {
-  ENTER();
-  return GetTyped(node, kHost, params, [](const Node& n) { return n.host; });
-}
-FAKE cuGraphHostNodeSetParams(void* node, const HostParams* params) {
-  ENTER();
-  return SetTyped(node, kHost, [&](Node* n) { return SetHost(n, params); });
-}
+// cuGraph<Name>NodeGetParams and cuGraph<Name>NodeSetParams of the node
+// type `type`: its parameters `Params`, kept in Node::`field` and set by
+// `set`.
+#define JAXLAKE_NODE_PARAMS(Name, Params, type, field, set)              \
+  FAKE cuGraph##Name##NodeGetParams(void* node, Params* params) {        \
+    ENTER();                                                             \
+    return GetTyped(node, type, params,                                  \
+                    [](const Node& n) { return n.field; });             \
+  }                                                                      \
+  FAKE cuGraph##Name##NodeSetParams(void* node, const Params* params) {  \
+    ENTER();                                                             \
+    return SetTyped(node, type, [&](Node* n) { return set(n, params); }); \
+  }
+JAXLAKE_NODE_PARAMS(Memcpy, Memcpy3D, kMemcpy, copy, SetCopy)
+JAXLAKE_NODE_PARAMS(Memset, MemsetParams, kMemset, memset, SetMemset)
+JAXLAKE_NODE_PARAMS(Host, HostParams, kHost, host, SetHost)
+#undef JAXLAKE_NODE_PARAMS
 FAKE cuGraphEventRecordNodeGetEvent(void* node, CUevent* event) {
   ENTER();
   return GetTyped(node, kEventRecord, event, [](const Node& n) {
