@@ -117,8 +117,8 @@ enum class Taken { kTaken, kNotTheDrivers, kOtherKind };
 // plain one (`pool` false) or a pool one: kTaken with *out set (a pool
 // allocation's bytes then count as being freed), kOtherKind for one of the
 // other kind, kNotTheDrivers when the driver made none there (a graph's
-// allocation, perhaps: graph.cc's lock is taken before the driver's
-// elsewhere, so the caller asks graph.cc after this returns).
+// allocation, perhaps: the graphs' lock is taken before the driver's
+// elsewhere, so the caller asks graph_capture.cc after this returns).
 Taken TakeAllocation(CUdeviceptr dptr, bool pool, Driver::Alloc* out) {
   Driver& d = D();
   std::lock_guard<std::mutex> lock(d.mu);
