@@ -14,24 +14,9 @@ namespace fg = jaxlake::fakegpu;
 
 namespace jaxlake::fakegpu::cudnn {
 
-// The bytes of one element of an attribute type; 0 for an unknown type.
-std::size_t ElementSize(int type) {
-  switch (type) {
-    case kTypeHandle:
-    case kTypeInt64:
-    case 5:  // CUDNN_TYPE_DOUBLE
-    case kTypeVoidPtr:
-    case kTypeBackendDescriptor:
-      return 8;
-    case kTypeBoolean:
-    case kTypeChar:
-      return 1;
-    case kTypeFraction:  // cudnnFraction_t: two int64_t
-      return 16;
-    default:  // float, int32 and the enums
-      return type >= 0 && type <= kTypeLast ? 4 : 0;
-  }
-}
+thread_local std::string last_error;
+
+namespace {
 
 // The bytes of one element of a cudnnDataType_t (sub-byte types round up).
 std::size_t DataTypeSize(int t) {
@@ -43,23 +28,6 @@ std::size_t DataTypeSize(int t) {
     case 8: return 32;                    // int8x32
     default: return 1;                    // int8, uint8, bool, fp8, fp4...
   }
-}
-
-thread_local std::string last_error;
-
-int Fail(int status, const std::string& message) {
-  last_error = message;
-  return status;
-}
-
-Ref Find(void* p) {  // with R().mu held
-  auto it = R().descriptors.find(static_cast<Descriptor*>(p));
-  return it == R().descriptors.end() ? nullptr : it->second;
-}
-
-const Attribute* Get(const Descriptor& d, int name) {
-  auto it = d.attrs.find(name);
-  return it == d.attrs.end() ? nullptr : &it->second;
 }
 
 bool GetInt64s(const Descriptor& d, int name, std::vector<std::int64_t>* out) {
@@ -198,10 +166,6 @@ bool ParsePlanJson(const std::string& s, Descriptor* plan) {
   return true;
 }
 
-std::string Named(int type) {
-  return "descriptor type " + std::to_string(type);
-}
-
 // What finalization computes for an engine, and for an engine config of
 // `workspace` bytes.
 void EngineComputed(Descriptor* d) {
@@ -244,6 +208,46 @@ Ref DeserializedEngineCfg(std::int64_t index, std::uint64_t workspace) {
   EngineCfgComputed(cfg.get(), workspace);
   cfg->finalized = true;
   return cfg;
+}
+
+}  // namespace
+
+// The bytes of one element of an attribute type; 0 for an unknown type.
+std::size_t ElementSize(int type) {
+  switch (type) {
+    case kTypeHandle:
+    case kTypeInt64:
+    case 5:  // CUDNN_TYPE_DOUBLE
+    case kTypeVoidPtr:
+    case kTypeBackendDescriptor:
+      return 8;
+    case kTypeBoolean:
+    case kTypeChar:
+      return 1;
+    case kTypeFraction:  // cudnnFraction_t: two int64_t
+      return 16;
+    default:  // float, int32 and the enums
+      return type >= 0 && type <= kTypeLast ? 4 : 0;
+  }
+}
+
+int Fail(int status, const std::string& message) {
+  last_error = message;
+  return status;
+}
+
+Ref Find(void* p) {  // with R().mu held
+  auto it = R().descriptors.find(static_cast<Descriptor*>(p));
+  return it == R().descriptors.end() ? nullptr : it->second;
+}
+
+const Attribute* Get(const Descriptor& d, int name) {
+  auto it = d.attrs.find(name);
+  return it == d.attrs.end() ? nullptr : &it->second;
+}
+
+std::string Named(int type) {
+  return "descriptor type " + std::to_string(type);
 }
 
 // The attributes finalization requires and computes, by descriptor type.
