@@ -21,10 +21,11 @@ export TSAN_OPTIONS=halt_on_error=1:second_deadlock_stack=1
 run() {
   local sanitize=$1 dir=build/sanitize-${1//,/-}
   # The replay engine and its policy models run on one thread: ThreadSanitizer
-  # has nothing to check there, so its build leaves replay_test out.
+  # has nothing to check there, so its build leaves their tests out.
   local lake_tests=(lake_alloc_test lake_growth_test lake_stitch_test
     lake_streams_test lake_small_pool_test lake_reclaim_test)
-  local tests=(vmm_test "${lake_tests[@]}" replay_test)
+  local tests=(vmm_test "${lake_tests[@]}" trace_test replay_test
+    policy_conformance_test)
   if [ "$sanitize" = thread ]; then tests=(vmm_test "${lake_tests[@]}"); fi
   echo "== ${sanitize}: configure and build ${tests[*]} stress"
   local start=$SECONDS

@@ -41,6 +41,7 @@ set(JAXLAKE_SHIM_SOURCES
   cc/shim/lakes.cc
   cc/shim/loader.cc
   cc/shim/options.cc
+  cc/shim/proc_address.cc
   cc/shim/trace.cc
   cc/shim/trampolines.cc
 )
@@ -52,12 +53,17 @@ set(JAXLAKE_FAKEGPU_SOURCES
   cc/fakegpu/control.cc
   cc/fakegpu/device.cc
   cc/fakegpu/memory.cc
+  cc/fakegpu/memory_alloc.cc
   cc/fakegpu/stream.cc
   cc/fakegpu/module.cc
   cc/fakegpu/graph.cc
+  cc/fakegpu/graph_api.cc
+  cc/fakegpu/graph_capture.cc
+  cc/fakegpu/graph_exec.cc
   cc/fakegpu/runtime.cc
   cc/fakegpu/shared.cc
   cc/fakegpu/cudnn.cc
+  cc/fakegpu/cudnn_backend.cc
   cc/fakegpu/cublas.cc
   cc/fakegpu/nccl.cc
   cc/fakegpu/graph_runtime.cc

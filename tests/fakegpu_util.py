@@ -132,3 +132,33 @@ def result(proc: "subprocess.CompletedProcess[str]") -> Dict:
     lines = [l for l in proc.stdout.splitlines() if l.startswith("RESULT ")]
     assert lines, proc.stdout[-2000:] + proc.stderr[-4000:]
     return dict(json.loads(lines[-1][len("RESULT "):]))
+
+
+def held_stream(lib: str) -> str:
+    """Python code that makes a new stream of the driver `lib` (a ctypes
+    library) wait on a host flag (cuStreamWaitValue32, GEQ 1): work
+    enqueued on `stream` after it stays in flight until `release()` writes
+    the flag. The code it joins defines ctypes, U64 and ck(result, what)."""
+    return f"""
+flag = ctypes.c_void_p()
+ck({lib}.cuMemHostAlloc(ctypes.byref(flag), ctypes.c_size_t(4096), 0), "host")
+ctypes.c_uint32.from_address(flag.value).value = 0
+stream = ctypes.c_void_p()
+ck({lib}.cuStreamCreate(ctypes.byref(stream), 0), "stream")
+ck({lib}.cuStreamWaitValue32(stream, U64(flag.value), ctypes.c_uint32(1), 0),
+   "hold")
+def release():
+    ctypes.c_uint32.from_address(flag.value).value = 1
+"""
+
+
+#: A JAX program of one n MiB array (n its argument) and a jitted
+#: reduction of it: what the fit tests fit on the fake GPU.
+N_MIB_PROGRAM = """
+import sys
+import jax, jax.numpy as jnp
+n = int(sys.argv[1])
+x = jnp.ones((n, 1 << 18), jnp.float32)   # n MiB
+y = jax.jit(lambda a: (a * 2).sum(axis=0))(x)
+y.block_until_ready()
+"""

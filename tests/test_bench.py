@@ -199,16 +199,21 @@ def test_plot_command(tmp_path: pathlib.Path) -> None:
     assert code == 0 and (tmp_path / "q.png").exists()
 
 
+def convert(src: pathlib.Path, dst: pathlib.Path) -> str:
+    """`jaxlake trace convert src dst`, which must succeed: its output."""
+    code, out = run(["trace", "convert", str(src), str(dst)])
+    assert code == 0, out
+    return out
+
+
 def test_trace_convert_and_info(tmp_path: pathlib.Path,
                                 capsys: pytest.CaptureFixture[str]) -> None:
     path = small_trace(tmp_path / "small.jsonl.gz")
     csv = tmp_path / "small.csv"
-    code, out = run(["trace", "convert", str(path), str(csv)])
-    assert code == 0 and "4 events (csv)" in out
+    assert "4 events (csv)" in convert(path, csv)
     assert csv.read_text().startswith("Thread,Time,Action,Pointer,Size,Stream")
     back = tmp_path / "back.jsonl"
-    code, out = run(["trace", "convert", str(csv), str(back)])
-    assert code == 0
+    convert(csv, back)
     assert tracefile.read_trace(back).events() == \
         tracefile.read_trace(path).events()
     code, out = run(["trace", "info", str(path)])
@@ -367,12 +372,11 @@ def test_plot_by_kind(tmp_path: pathlib.Path) -> None:
 def test_convert_format_ignores_the_case(tmp_path: pathlib.Path) -> None:
     path = small_trace(tmp_path / "small.jsonl")
     upper = tmp_path / "z.CSV"
-    code, out = run(["trace", "convert", str(path), str(upper)])
-    assert code == 0 and "(csv)" in out
+    assert "(csv)" in convert(path, upper)
     assert upper.read_text().startswith("Thread,Time,Action")
     gz = tmp_path / "z.JSONL.GZ"
-    code, out = run(["trace", "convert", str(upper), str(gz)])
-    assert code == 0 and gz.read_bytes()[:2] == b"\x1f\x8b"
+    convert(upper, gz)
+    assert gz.read_bytes()[:2] == b"\x1f\x8b"
 
 
 def main_run(argv: List[str], capsys: pytest.CaptureFixture[str]

@@ -87,17 +87,21 @@ def cmake_tests() -> List[Tuple[str, str]]:
 
 def cmake_all_tests() -> List[Tuple[str, str]]:
     """Every CMake C++ test as (name, source): jaxlake_test_sources, and each
-    add_test(NAME name COMMAND exe ...) of an add_executable(exe source)."""
+    add_test(NAME name COMMAND exe ...) of an add_executable(exe sources),
+    once for each of its .cc sources."""
     tests = cmake_tests()
     texts = [re.sub(r"#[^\n]*", "", p.read_text()) for p in _cmake_files()]
-    exes = {}
+    exes: Dict[str, List[str]] = {}
     for text in texts:
-        for exe, source in re.findall(r"add_executable\s*\(\s*(\w+)\s+([\w/.-]+\.cc)\b", text):
-            exes[exe] = source
+        for exe, args in re.findall(r"add_executable\s*\(\s*(\w+)\s+([^)]*)\)", text):
+            sources = re.findall(r"[\w/.-]+\.cc\b", args)
+            if sources:
+                exes[exe] = sources
     for text in texts:
         for name, exe in re.findall(r"add_test\s*\(\s*NAME\s+(\w+)\s+COMMAND\s+(\w+)", text):
-            if exe in exes and (name, exes[exe]) not in tests:
-                tests.append((name, exes[exe]))
+            for source in exes.get(exe, []):
+                if (name, source) not in tests:
+                    tests.append((name, source))
     return tests
 
 

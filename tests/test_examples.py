@@ -11,9 +11,7 @@ refused with a one-line message that names the value and what would work.
 
 from __future__ import annotations
 
-import importlib.util
 import json
-import os
 import re
 import socket
 import subprocess
@@ -23,36 +21,19 @@ from typing import Dict, List
 
 import pytest
 
-_NEEDS = ("the examples need jax, flax, optax and orbax-checkpoint "
-          "(pip install 'jaxlake[examples]', on Python 3.11 and newer)")
-# Found, not imported: the examples run in subprocesses, and importing jax
-# here would fix its platform choice for other test modules.
-for _module in ("jax", "flax", "optax", "orbax"):
-    if importlib.util.find_spec(_module) is None:
-        pytest.skip(f"{_module} is missing: {_NEEDS}", allow_module_level=True)
+from example_util import (EXAMPLES, ROOT, example_help, require_examples,
+                          run_example)
+from example_util import cpu_env as _env
 
-ROOT = Path(__file__).resolve().parents[1]
-EXAMPLES = ROOT / "examples"
+require_examples()
+
 TIMEOUT = 240
-
-
-def _env() -> Dict[str, str]:
-    env = dict(os.environ)
-    env["JAX_PLATFORMS"] = "cpu"
-    env.pop("XLA_FLAGS", None)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
 
 
 def run(script: str, *args: str, ok: bool = True
         ) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(EXAMPLES / script), "--no-progress", *args]
-    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True,
-                          timeout=TIMEOUT, cwd=str(ROOT))
-    if ok and done.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} exited {done.returncode}:\n"
-                    f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return done
+    return run_example(script, "--no-progress", *args, timeout=TIMEOUT,
+                       ok=ok)
 
 
 def log(path: Path) -> List[dict]:
@@ -124,15 +105,7 @@ def test_examples_start_quietly(trained: Dict[str, Path]) -> None:
                                     "finetune_lora.py"])
 def test_help(script: str) -> None:
     # One process: --help as a user sees it, then every option's help.
-    code = ("import contextlib, io, sys; sys.path.insert(0, sys.argv[1]); "
-            f"import {script[:-3]} as m; p = m.parser(); "
-            "print(p.format_help()); print('-- options --'); "
-            "print('\\n'.join(f'{a.option_strings} {a.help}' for a in "
-            "p._actions if a.dest != 'help'))")
-    out = subprocess.run([sys.executable, "-c", code, str(EXAMPLES)],
-                         env=_env(), capture_output=True, text=True,
-                         timeout=TIMEOUT, check=True).stdout
-    help_text, options = out.split("-- options --")
+    help_text, options = example_help(script[:-3], TIMEOUT)
     assert f"usage: {script}" in help_text
     for flag in ("--preset", "--remat", "--grad-accum", "--seq-buckets",
                  "--eval-every", "--jaxlake", "--no-jaxlake", "--trace",

@@ -14,7 +14,7 @@ from typing import Dict
 
 import pytest
 
-from fakegpu_util import PRELUDE, fake_run, jax_reason, result
+from fakegpu_util import PRELUDE, fake_run, held_stream, jax_reason, result
 
 pytestmark = pytest.mark.skipif(jax_reason() is not None,
                                 reason=str(jax_reason()))
@@ -210,15 +210,7 @@ jnp.zeros(8).block_until_ready()          # XLA's client and its lake are up
 ctx = ctypes.c_void_p()
 ck(drv.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), 0), "context")
 ck(drv.cuCtxSetCurrent(ctx), "current")
-flag = ctypes.c_void_p()
-ck(drv.cuMemHostAlloc(ctypes.byref(flag), ctypes.c_size_t(4096), 0), "host")
-ctypes.c_uint32.from_address(flag.value).value = 0
-stream = ctypes.c_void_p()
-ck(drv.cuStreamCreate(ctypes.byref(stream), 0), "stream")
-ck(drv.cuStreamWaitValue32(stream, U64(flag.value), ctypes.c_uint32(1), 0),
-   "hold")
-def release():
-    ctypes.c_uint32.from_address(flag.value).value = 1
+""" + held_stream("drv") + """
 pool = ctypes.c_void_p()
 ck(drv.cuDeviceGetDefaultMemPool(ctypes.byref(pool), 0), "pool")
 def alloc(n):

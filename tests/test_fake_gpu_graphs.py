@@ -1,4 +1,4 @@
-"""The fake GPU's CUDA graphs and stream capture (cc/fakegpu/graph.cc).
+"""The fake GPU's CUDA graphs and stream capture (cc/fakegpu/graph*.cc).
 
 Each case drives libjaxlake_fakegpu.so's driver API through ctypes in a
 fresh interpreter (the fake's state is per process): work enqueued on a

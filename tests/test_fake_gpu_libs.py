@@ -204,7 +204,7 @@ print("name:", lib.cudnnGetErrorString(2010).decode())
     assert out["wrong type"] == "2010"  # BAD_PARAM_ATTRIBUTE_TYPE
     assert out["unset"] == "2000"
     assert out["set finalized"] == "2000"
-    assert out["engines"] == "(0, [1])"
+    assert out["engines"] == "(0, [2])"
     assert out["copied uid"] == "(0, [1])"
     assert out["copied dims"] == "(0, [1, 64, 32])"
     assert out["wrong kind"] == "2012"  # BAD_PARAM_DESCRIPTOR_TYPE
@@ -258,7 +258,7 @@ print("bad json:", lib.cudnnBackendFinalize(bad))
     assert out["plan workspace"] == "(0, [12288])"
     assert out["json status"] == "0"
     assert out["json workspace"] == "(0, [12288])"
-    assert out["engine index"] == "(0, [0])"
+    assert out["engine index"] == "(0, [1])"  # the heuristics' engine
     assert out["notes"] == "0"
     assert out["bad json"] == "2000"
 
@@ -313,6 +313,49 @@ print("uneven pack:", lib.cudnnBackendFinalize(v))
     assert out["no workspace"].startswith("2000 ")
     assert "workspace" in out["no workspace"]
     assert out["uneven pack"] == "2000"
+
+
+def test_cudnn_engine_0_needs_no_workspace() -> None:
+    # XLA with autotuning off runs engine 0 of a convolution with a scratch
+    # buffer of no bytes: a plan of engine 0 has no workspace and runs with
+    # none, while engine 1 (the heuristics') keeps the workspace rule.
+    out = results(run(CUDNN + r"""
+def engine_plan(index):
+    engine = create(ENGINE)
+    check(set_(engine, 1300, T_DESC, [graph.value], C.c_void_p), "graph")
+    check(set_(engine, A_ENGINE_INDEX, T_INT64, [index], C.c_int64), "index")
+    status = lib.cudnnBackendFinalize(engine)
+    if status != 0:
+        return status, None, None
+    cfg = create(ENGINECFG)
+    check(set_(cfg, A_CFG_ENGINE, T_DESC, [engine.value], C.c_void_p), "e")
+    check(lib.cudnnBackendFinalize(cfg), "finalize cfg")
+    plan = create(PLAN)
+    check(set_(plan, A_PLAN_HANDLE, T_HANDLE, [handle.value], C.c_void_p),
+          "plan handle")
+    check(set_(plan, A_PLAN_CFG, T_DESC, [cfg.value], C.c_void_p), "cfg")
+    check(lib.cudnnBackendFinalize(plan), "finalize plan")
+    return 0, cfg, plan
+
+a, b, c = device_alloc(4096), device_alloc(3072), device_alloc(12288)
+v = create(VARPACK)
+check(set_(v, A_PACK_UIDS, T_INT64, [1, 2, 3], C.c_int64), "uids")
+check(set_(v, A_PACK_PTRS, T_VOID_PTR, [a, b, c], C.c_void_p), "ptrs")
+check(lib.cudnnBackendFinalize(v), "finalize pack")
+for index in (0, 1):
+    _, cfg, plan = engine_plan(index)
+    print(f"cfg {index}:", get(cfg, A_CFG_WORKSPACE, T_INT64, C.c_int64))
+    print(f"plan {index}:", get(plan, A_PLAN_WORKSPACE, T_INT64, C.c_int64))
+    print(f"run {index}:", lib.cudnnBackendExecute(handle, plan, v))
+print("engine 2:", engine_plan(2)[0])
+"""))
+    assert out["cfg 0"] == "(0, [0])"
+    assert out["plan 0"] == "(0, [0])"
+    assert out["run 0"] == "0"
+    assert out["cfg 1"] == "(0, [12288])"
+    assert out["plan 1"] == "(0, [12288])"
+    assert out["run 1"] == "2000"  # the pack has no workspace
+    assert out["engine 2"] == "3000"  # NOT_SUPPORTED
 
 
 NCCL = r"""

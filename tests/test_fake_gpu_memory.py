@@ -14,11 +14,12 @@ import json
 import os
 import pathlib
 import subprocess
+import textwrap
 from typing import Dict, Optional
 
 import pytest
 
-from fakegpu_util import NEEDS_FAKE_GPU, library_run, result
+from fakegpu_util import NEEDS_FAKE_GPU, held_stream, library_run, result
 
 
 pytestmark = NEEDS_FAKE_GPU
@@ -326,18 +327,7 @@ def test_a_peer_copy_needs_an_access_grant_for_that_device() -> None:
 
 # A stream held by a wait on a host flag (cuStreamWaitValue32, GEQ): work
 # enqueued after the wait stays in flight until `release()` writes the flag.
-HELD = """
-    flag = ctypes.c_void_p()
-    ck(lib.cuMemHostAlloc(ctypes.byref(flag), ctypes.c_size_t(4096), 0),
-       "host")
-    ctypes.c_uint32.from_address(flag.value).value = 0
-    stream = ctypes.c_void_p()
-    ck(lib.cuStreamCreate(ctypes.byref(stream), 0), "stream")
-    ck(lib.cuStreamWaitValue32(stream, U64(flag.value), ctypes.c_uint32(1), 0),
-       "hold")
-    def release():
-        ctypes.c_uint32.from_address(flag.value).value = 1
-"""
+HELD = textwrap.indent(held_stream("lib"), "    ")
 
 
 @pytest.mark.parametrize("unmap_first", [True, False],

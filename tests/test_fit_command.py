@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any, Dict, List, Optional, Tuple
 
 import pytest
-from fakegpu_util import fake_gpu_reason
+from fakegpu_util import N_MIB_PROGRAM, fake_gpu_reason
 
 from jaxlake._src.fit import engine, real, run, search
 from jaxlake._src.fit.search import FitError, Probe, Vary
@@ -380,14 +380,7 @@ def test_recorder_traces_serve_every_gpu(tmp_path: Path) -> None:
 
 _FAKE_WHY = fake_gpu_reason()
 
-SCRIPT = """
-import sys
-import jax, jax.numpy as jnp
-n = int(sys.argv[1])
-x = jnp.ones((n, 1 << 18), jnp.float32)   # n MiB
-y = jax.jit(lambda a: (a * 2).sum(axis=0))(x)
-y.block_until_ready()
-"""
+SCRIPT = N_MIB_PROGRAM
 
 
 def _fit_script_on_the_fake_gpu(

@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import List, Tuple
 
 import pytest
-from fakegpu_util import fake_gpu_reason
+from fakegpu_util import N_MIB_PROGRAM, fake_gpu_reason
 
 from jaxlake._src.fit import engine, real, run, search
 from jaxlake._src.fit.search import FitError, Vary
@@ -215,14 +215,7 @@ def test_the_failed_request_is_read_from_either_allocators_message() -> None:
 
 _FAKE_WHY = fake_gpu_reason()
 
-SCRIPT = """
-import sys
-import jax, jax.numpy as jnp
-n = int(sys.argv[1])
-x = jnp.ones((n, 1 << 18), jnp.float32)   # n MiB
-y = jax.jit(lambda a: (a * 2).sum(axis=0))(x)
-y.block_until_ready()
-"""
+SCRIPT = N_MIB_PROGRAM
 
 
 def _has_fake_gpu() -> str:

@@ -2,7 +2,8 @@
 
 - cc/shim/hooked.inc is the one list of the shim's hooked entry points (both
   builds generate the trampolines of the other names from it, lakes.h its
-  Hook enum): cc/shim/hooks.cc declares and defines exactly those names, and
+  Hook enum): cc/shim/hooks.h declares and hooks.cc defines exactly those
+  names, and
   each is a name the shim exports (cc/shim/cuda_symbols.txt).
 - cc/lake/options.inc is the one list of the lake's options (LakeOptions,
   the shim's variables and the binding's fields come from it): the Python
@@ -45,13 +46,15 @@ def test_hooked_names_are_listed_once() -> None:
 
 def test_hooks_cc_defines_exactly_the_hooked_names() -> None:
     text = _without_comments((SHIM / "hooks.cc").read_text())
-    declared = re.findall(r"\bJAXLAKE_SHIM_EXPORT\s+CUresult\s+(\w+)\s*\(", text)
+    header = _without_comments((SHIM / "hooks.h").read_text())
+    declared = re.findall(r"\bJAXLAKE_SHIM_EXPORT\s+CUresult\s+(\w+)\s*\(",
+                          header)
     # The exported definitions are at file scope, after the anonymous
     # namespace of helpers (whose names are not driver names).
     defined = re.findall(r"^CUresult\s+(cu\w+)\s*\([^;{]*\)\s*\{", text, re.MULTILINE)
     listed = set(hooked_names())
     assert set(declared) == listed, (
-        f"cc/shim/hooks.cc exports {sorted(set(declared) - listed)} that "
+        f"cc/shim/hooks.h exports {sorted(set(declared) - listed)} that "
         f"cc/shim/hooked.inc does not list, and does not export "
         f"{sorted(listed - set(declared))} that it lists"
     )

@@ -16,7 +16,6 @@ one-line error.
 from __future__ import annotations
 
 import collections
-import importlib.util
 import json
 import os
 import subprocess
@@ -28,13 +27,11 @@ import pytest
 
 from fakegpu_util import NEEDS_JAX, ROOT, fake_run
 
-_NEEDS = ("the examples need jax, flax, optax and orbax-checkpoint "
-          "(pip install 'jaxlake[examples]', on Python 3.11 and newer)")
-for _module in ("jax", "flax", "optax", "orbax"):
-    if importlib.util.find_spec(_module) is None:
-        pytest.skip(f"{_module} is missing: {_NEEDS}", allow_module_level=True)
+from example_util import (EXAMPLES, example_help, require_examples,
+                          run_example)
 
-EXAMPLES = ROOT / "examples"
+require_examples()
+
 TIMEOUT = 300
 
 #: A short request stream: 6 requests, prompts of 4 to 30 tokens (up to two
@@ -44,23 +41,9 @@ SERVE = ["--requests", "6", "--max-len", "64", "--prompt-len", "4,30",
          "--dtype", "float32", "--no-progress"]
 
 
-def _env() -> Dict[str, str]:
-    env = dict(os.environ)
-    env["JAX_PLATFORMS"] = "cpu"
-    env.pop("XLA_FLAGS", None)
-    env["PYTHONUNBUFFERED"] = "1"
-    return env
-
-
 def run(script: str, *args: str, ok: bool = True
         ) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, str(EXAMPLES / script), *args]
-    done = subprocess.run(cmd, env=_env(), capture_output=True, text=True,
-                          timeout=TIMEOUT, cwd=str(ROOT))
-    if ok and done.returncode != 0:
-        pytest.fail(f"{' '.join(cmd)} exited {done.returncode}:\n"
-                    f"{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-    return done
+    return run_example(script, *args, timeout=TIMEOUT, ok=ok)
 
 
 def requests_log(path: Path) -> Dict[int, dict]:
@@ -140,15 +123,7 @@ def test_serve_trace_shows_caches_grow_and_go(served: Dict[str, Path]
 
 
 def test_serve_help_gives_every_default() -> None:
-    code = ("import sys; sys.path.insert(0, sys.argv[1]); "
-            "import serve_lm as m; p = m.parser(); "
-            "print(p.format_help()); print('-- options --'); "
-            "print('\\n'.join(f'{a.option_strings} {a.help}' for a in "
-            "p._actions if a.dest != 'help'))")
-    out = subprocess.run([sys.executable, "-c", code, str(EXAMPLES)],
-                         env=_env(), capture_output=True, text=True,
-                         timeout=TIMEOUT, check=True).stdout
-    help_text, options = out.split("-- options --")
+    help_text, options = example_help("serve_lm", TIMEOUT)
     assert "usage: serve_lm.py" in help_text
     for flag in ("--requests", "--max-len", "--prompt-len", "--new-tokens",
                  "--cache", "--slots", "--verify", "--trace"):

@@ -53,6 +53,13 @@ int NewHandle(void** out) {
   return kSuccess;
 }
 
+// Forgets a handle (cuBLAS's and cuBLASLt's alike);
+// CUBLAS_STATUS_NOT_INITIALIZED for one the fake did not create.
+int DestroyHandle(void* handle) {
+  std::lock_guard<std::mutex> lock(Hs().mu);
+  return Hs().live.erase(handle) == 1 ? kSuccess : 1;
+}
+
 // Runs `f` on the handle's state; CUBLAS_STATUS_NOT_INITIALIZED for a
 // handle the fake did not create.
 template <typename F>
@@ -156,8 +163,7 @@ LIB int cublasCreate_v2(void** handle) {
 
 LIB int cublasDestroy_v2(void* handle) {
   ENTER();
-  std::lock_guard<std::mutex> lock(Hs().mu);
-  return Hs().live.erase(handle) == 1 ? kSuccess : 1;
+  return DestroyHandle(handle);
 }
 
 LIB int cublasSetStream_v2(void* handle, void* stream) {
@@ -279,8 +285,7 @@ LIB int cublasLtCreate(void** handle) {
 
 LIB int cublasLtDestroy(void* handle) {
   ENTER();
-  std::lock_guard<std::mutex> lock(Hs().mu);
-  return Hs().live.erase(handle) == 1 ? kSuccess : 1;
+  return DestroyHandle(handle);
 }
 
 // cublasLtMatmulDescAttributes_t: COMPUTE_TYPE 0, SCALE_TYPE 1 (int32).

@@ -1,8 +1,9 @@
 // The fake driver's own state and helpers, shared by the files that
 // implement the driver API (README.md lists them by API area): devices and
-// contexts (device.cc), memory (memory.cc), streams and events (stream.cc),
-// modules and kernels (module.cc), graphs and stream capture (graph.cc), and
-// errors and entry points by name (driver.cc). Not a public header.
+// contexts (device.cc), memory (memory.cc, memory_alloc.cc), streams and
+// events (stream.cc), modules and kernels (module.cc), graphs and stream
+// capture (graph*.cc), and errors and entry points by name (driver.cc). Not
+// a public header.
 #ifndef JAXLAKE_FAKEGPU_DRIVER_H_
 #define JAXLAKE_FAKEGPU_DRIVER_H_
 
@@ -126,7 +127,7 @@ inline int DeviceOfPool(CUmemoryPool pool) {
              : -1;
 }
 
-// A stream, event or context synchronisation (memory.cc): each default
+// A stream, event or context synchronisation (memory_alloc.cc): each default
 // pool that reserves more than its release threshold gives its kept memory
 // back to the device down to that threshold, as the driver documents it.
 void TrimPools();
@@ -182,7 +183,7 @@ CUresult NeedContext(int* device = nullptr);
 // The stream a handle names, for the calling thread's current device.
 Stream* StreamFor(CUstream s);
 
-// Stream capture (graph.cc). When `stream` is being captured, each
+// Stream capture (graph_capture.cc). When `stream` is being captured, each
 // Capture* call records its work as a node of the capture's graph instead
 // of running it, sets *r and returns true; otherwise it returns false and
 // the caller runs the work.

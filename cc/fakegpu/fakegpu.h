@@ -203,7 +203,7 @@ void RecordEvent(const std::shared_ptr<Event>& e, Stream* s);
 void WaitEvent(Stream* s, const std::shared_ptr<Event>& e);
 double NowMs();
 
-// A graph node made (graph.cc), by CUgraphNodeType (0 to 13), with the
+// A graph node made (graph*.cc), by CUgraphNodeType (0 to 13), with the
 // bytes of a memory alloc node: counted for the stats file.
 void CountGraphNode(int type, std::size_t bytes);
 // VMM address space and mappings (memory.cc): `reserved` bytes of address

@@ -8,6 +8,7 @@
 #include <cstdint>
 
 #include "cc/fakegpu/fakegpu.h"
+#include "cc/fakegpu/memcpy3d.h"
 
 // The driver's entry points this file calls (graph.cc, stream.cc).
 extern "C" {
@@ -119,24 +120,7 @@ struct Memcpy3DParms {
   Pos extent;  // width (bytes), height, depth
   int kind;
 };
-// CUDA_MEMCPY3D (graph.cc has the same copy).
-struct Memcpy3D {
-  std::size_t srcXInBytes, srcY, srcZ, srcLOD;
-  int srcMemoryType;
-  const void* srcHost;
-  unsigned long long srcDevice;
-  void* srcArray;
-  void* reserved0;
-  std::size_t srcPitch, srcHeight;
-  std::size_t dstXInBytes, dstY, dstZ, dstLOD;
-  int dstMemoryType;
-  void* dstHost;
-  unsigned long long dstDevice;
-  void* dstArray;
-  void* reserved1;
-  std::size_t dstPitch, dstHeight;
-  std::size_t WidthInBytes, Height, Depth;
-};
+using jaxlake::fakegpu::Memcpy3D;  // CUDA_MEMCPY3D
 
 constexpr int kUnified = 4;  // CU_MEMORYTYPE_UNIFIED: one address space
 constexpr int kErrorInvalidValue = 1;

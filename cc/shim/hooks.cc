@@ -64,84 +64,7 @@
 #include "cc/shim/loader.h"
 #include "cc/vmm/cuda_types.h"
 
-#define JAXLAKE_SHIM_EXPORT extern "C" __attribute__((visibility("default")))
-
-using jaxlake::cuda::CUdeviceptr;
-using jaxlake::cuda::CUmemoryPool;
-using jaxlake::cuda::CUresult;
-using jaxlake::cuda::CUstream;
-using jaxlake::cuda::cuuint64_t;
-
-// The hooked entry points (hooked.inc).
-JAXLAKE_SHIM_EXPORT CUresult cuMemAllocFromPoolAsync(CUdeviceptr* dptr,
-                                                     std::size_t bytesize,
-                                                     CUmemoryPool pool,
-                                                     CUstream stream);
-JAXLAKE_SHIM_EXPORT CUresult cuMemAllocFromPoolAsync_ptsz(
-    CUdeviceptr* dptr, std::size_t bytesize, CUmemoryPool pool,
-    CUstream stream);
-JAXLAKE_SHIM_EXPORT CUresult cuMemFreeAsync(CUdeviceptr dptr,
-                                            CUstream stream);
-JAXLAKE_SHIM_EXPORT CUresult cuMemFreeAsync_ptsz(CUdeviceptr dptr,
-                                                 CUstream stream);
-JAXLAKE_SHIM_EXPORT CUresult cuMemPoolGetAttribute(CUmemoryPool pool,
-                                                   int attr, void* value);
-JAXLAKE_SHIM_EXPORT CUresult cuMemPoolTrimTo(CUmemoryPool pool,
-                                             std::size_t keep);
-JAXLAKE_SHIM_EXPORT CUresult cuStreamBeginCapture(CUstream stream);
-JAXLAKE_SHIM_EXPORT CUresult cuStreamBeginCapture_ptsz(CUstream stream);
-JAXLAKE_SHIM_EXPORT CUresult cuStreamBeginCapture_v2(CUstream stream,
-                                                     int mode);
-JAXLAKE_SHIM_EXPORT CUresult cuStreamBeginCapture_v2_ptsz(CUstream stream,
-                                                          int mode);
-JAXLAKE_SHIM_EXPORT CUresult cuStreamBeginCaptureToGraph(
-    CUstream stream, void* graph, const void* deps, const void* edges,
-    std::size_t count, int mode);
-JAXLAKE_SHIM_EXPORT CUresult cuStreamBeginCaptureToGraph_ptsz(
-    CUstream stream, void* graph, const void* deps, const void* edges,
-    std::size_t count, int mode);
-JAXLAKE_SHIM_EXPORT CUresult cuStreamEndCapture(CUstream stream,
-                                                void** graph);
-JAXLAKE_SHIM_EXPORT CUresult cuStreamEndCapture_ptsz(CUstream stream,
-                                                     void** graph);
-JAXLAKE_SHIM_EXPORT CUresult cuGetProcAddress(const char* symbol, void** pfn,
-                                              int cuda_version,
-                                              cuuint64_t flags);
-JAXLAKE_SHIM_EXPORT CUresult cuGetProcAddress_v2(const char* symbol,
-                                                 void** pfn, int cuda_version,
-                                                 cuuint64_t flags,
-                                                 int* symbol_status);
-JAXLAKE_SHIM_EXPORT CUresult cuMemAlloc_v2(CUdeviceptr* dptr,
-                                           std::size_t bytesize);
-JAXLAKE_SHIM_EXPORT CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr,
-                                                std::size_t* pitch,
-                                                std::size_t width,
-                                                std::size_t height,
-                                                unsigned int element);
-JAXLAKE_SHIM_EXPORT CUresult cuMemAllocManaged(CUdeviceptr* dptr,
-                                               std::size_t bytesize,
-                                               unsigned int flags);
-JAXLAKE_SHIM_EXPORT CUresult cuMemAllocAsync(CUdeviceptr* dptr,
-                                             std::size_t bytesize,
-                                             CUstream stream);
-JAXLAKE_SHIM_EXPORT CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr,
-                                                  std::size_t bytesize,
-                                                  CUstream stream);
-JAXLAKE_SHIM_EXPORT CUresult cuMemFree_v2(CUdeviceptr dptr);
-JAXLAKE_SHIM_EXPORT CUresult cuMemCreate(
-    jaxlake::cuda::CUmemGenericAllocationHandle* handle, std::size_t size,
-    const jaxlake::cuda::CUmemAllocationProp* prop, unsigned long long flags);
-JAXLAKE_SHIM_EXPORT CUresult cuMemRelease(
-    jaxlake::cuda::CUmemGenericAllocationHandle handle);
-JAXLAKE_SHIM_EXPORT CUresult cuMemGetAddressRange_v2(CUdeviceptr* base,
-                                                     std::size_t* size,
-                                                     CUdeviceptr dptr);
-JAXLAKE_SHIM_EXPORT CUresult cuPointerGetAttribute(void* data, int attribute,
-                                                   CUdeviceptr ptr);
-JAXLAKE_SHIM_EXPORT CUresult cuPointerGetAttributes(unsigned int count,
-                                                    int* attributes,
-                                                    void** data,
-                                                    CUdeviceptr ptr);
+#include "cc/shim/hooks.h"
 
 namespace jaxlake::shim {
 namespace {
@@ -171,15 +94,6 @@ CUresult ToCu(vmm::Status s) {
     default:
       return cu::CUDA_ERROR_UNKNOWN;
   }
-}
-
-// Counts one call of `hook` and finishes it: `r` as the result of a call the
-// shim answered itself (`served`) or passed on.
-CUresult Done(Hook hook, bool served, CUresult r) {
-  HookCounter& c = Lakes::Get().counter(hook);
-  (served ? c.served : c.forwarded).fetch_add(1, std::memory_order_relaxed);
-  if (r != cu::CUDA_SUCCESS) c.failed.fetch_add(1, std::memory_order_relaxed);
-  return r;
 }
 
 template <typename F, typename... Args>
@@ -217,9 +131,6 @@ CUresult Outside(Hook hook, CUresult r, const CUdeviceptr* dptr,
   return r;
 }
 
-void Called(Hook hook) {
-  Lakes::Get().counter(hook).calls.fetch_add(1, std::memory_order_relaxed);
-}
 
 void CountCaptured(Hook hook) {
   Lakes::Get().counter(hook).captured.fetch_add(1, std::memory_order_relaxed);
@@ -615,161 +526,6 @@ CUresult PoolTrimTo(CUmemoryPool pool, std::size_t keep) {
   if (st.bytes_reserved.current > static_cast<std::int64_t>(keep))
     lake->empty_cache();
   return Done(hook, true, r);
-}
-
-// ---- entry points by name -------------------------------------------------------
-
-// Replaces the real driver's answer for a hooked name with the shim's
-// function. Returns true when it did.
-bool RewriteProcAddress(const char* symbol, void** pfn, int cuda_version,
-                        cuuint64_t flags) {
-  const RealDriver& real = Real();
-  if (symbol == nullptr || pfn == nullptr || *pfn == nullptr ||
-      real.handle == nullptr)
-    return false;
-  const bool per_thread_flag =
-      (flags & cu::CU_GET_PROC_ADDRESS_PER_THREAD_DEFAULT_STREAM) != 0;
-  // Which variant the real driver chose: the per-thread one when asked for,
-  // or when its answer is the per-thread export.
-  auto per_thread = [&](const char* ptsz_name) {
-    return per_thread_flag || *pfn == ::dlsym(real.handle, ptsz_name);
-  };
-  // A name that the real driver answers with a versioned function: which
-  // one it chose decides which of the shim's it gets.
-  auto is = [&](const char* name) { return *pfn == ::dlsym(real.handle, name); };
-  struct Pair {
-    const char* name;
-    const char* ptsz;  // nullptr: no per-thread variant
-    void* plain;
-    void* per_thread;
-  };
-  const Pair pairs[] = {
-      {"cuMemAllocFromPoolAsync", "cuMemAllocFromPoolAsync_ptsz",
-       reinterpret_cast<void*>(&::cuMemAllocFromPoolAsync),
-       reinterpret_cast<void*>(&::cuMemAllocFromPoolAsync_ptsz)},
-      {"cuMemFreeAsync", "cuMemFreeAsync_ptsz",
-       reinterpret_cast<void*>(&::cuMemFreeAsync),
-       reinterpret_cast<void*>(&::cuMemFreeAsync_ptsz)},
-      {"cuStreamEndCapture", "cuStreamEndCapture_ptsz",
-       reinterpret_cast<void*>(&::cuStreamEndCapture),
-       reinterpret_cast<void*>(&::cuStreamEndCapture_ptsz)},
-      {"cuStreamBeginCaptureToGraph", "cuStreamBeginCaptureToGraph_ptsz",
-       reinterpret_cast<void*>(&::cuStreamBeginCaptureToGraph),
-       reinterpret_cast<void*>(&::cuStreamBeginCaptureToGraph_ptsz)},
-      {"cuStreamBeginCapture_v2", "cuStreamBeginCapture_v2_ptsz",
-       reinterpret_cast<void*>(&::cuStreamBeginCapture_v2),
-       reinterpret_cast<void*>(&::cuStreamBeginCapture_v2_ptsz)},
-      {"cuMemPoolGetAttribute", nullptr,
-       reinterpret_cast<void*>(&::cuMemPoolGetAttribute), nullptr},
-      {"cuMemPoolTrimTo", nullptr,
-       reinterpret_cast<void*>(&::cuMemPoolTrimTo), nullptr},
-      {"cuMemAllocAsync", "cuMemAllocAsync_ptsz",
-       reinterpret_cast<void*>(&::cuMemAllocAsync),
-       reinterpret_cast<void*>(&::cuMemAllocAsync_ptsz)},
-      {"cuMemAllocManaged", nullptr,
-       reinterpret_cast<void*>(&::cuMemAllocManaged), nullptr},
-      {"cuMemCreate", nullptr, reinterpret_cast<void*>(&::cuMemCreate),
-       nullptr},
-      {"cuMemRelease", nullptr, reinterpret_cast<void*>(&::cuMemRelease),
-       nullptr},
-      {"cuPointerGetAttribute", nullptr,
-       reinterpret_cast<void*>(&::cuPointerGetAttribute), nullptr},
-      {"cuPointerGetAttributes", nullptr,
-       reinterpret_cast<void*>(&::cuPointerGetAttributes), nullptr},
-  };
-  for (const Pair& p : pairs) {
-    if (std::strcmp(symbol, p.name) == 0) {
-      *pfn = p.ptsz != nullptr && per_thread(p.ptsz) ? p.per_thread : p.plain;
-      return true;
-    }
-    if (p.ptsz != nullptr && std::strcmp(symbol, p.ptsz) == 0) {
-      *pfn = p.per_thread;
-      return true;
-    }
-  }
-  // cuMemAlloc, cuMemAllocPitch and cuMemFree: the driver answers with the
-  // _v2 function (the shim's twin) or, for old versions, the 32-bit legacy
-  // one, which is left alone.
-  const std::pair<const char*, void*> versioned[] = {
-      {"cuMemAlloc_v2", reinterpret_cast<void*>(&::cuMemAlloc_v2)},
-      {"cuMemAllocPitch_v2", reinterpret_cast<void*>(&::cuMemAllocPitch_v2)},
-      {"cuMemFree_v2", reinterpret_cast<void*>(&::cuMemFree_v2)},
-      {"cuMemGetAddressRange_v2",
-       reinterpret_cast<void*>(&::cuMemGetAddressRange_v2)},
-  };
-  for (const auto& [name, ours] : versioned) {
-    const std::size_t base = std::strlen(name) - 3;  // without "_v2"
-    if ((std::strncmp(symbol, name, base) == 0 && symbol[base] == '\0') ||
-        std::strcmp(symbol, name) == 0) {
-      if (!is(name)) return false;
-      *pfn = ours;
-      return true;
-    }
-  }
-  if (std::strcmp(symbol, "cuStreamBeginCapture") == 0) {
-    // The driver hands out the one-argument legacy function or _v2 (with a
-    // mode) by version; the shim's twin of the one it chose.
-    const bool ptds = per_thread_flag ||
-                      is("cuStreamBeginCapture_ptsz") ||
-                      is("cuStreamBeginCapture_v2_ptsz");
-    const bool legacy = is("cuStreamBeginCapture") ||
-                        is("cuStreamBeginCapture_ptsz");
-    if (legacy) {
-      *pfn = ptds ? reinterpret_cast<void*>(&::cuStreamBeginCapture_ptsz)
-                  : reinterpret_cast<void*>(&::cuStreamBeginCapture);
-    } else {
-      *pfn = ptds ? reinterpret_cast<void*>(&::cuStreamBeginCapture_v2_ptsz)
-                  : reinterpret_cast<void*>(&::cuStreamBeginCapture_v2);
-    }
-    return true;
-  }
-  if (std::strcmp(symbol, "cuStreamBeginCapture_ptsz") == 0) {
-    *pfn = reinterpret_cast<void*>(&::cuStreamBeginCapture_ptsz);
-    return true;
-  }
-  if (std::strcmp(symbol, "cuGetProcAddress") == 0) {
-    // Versions before 12.0 get the four-argument function.
-    const bool legacy =
-        *pfn == reinterpret_cast<void*>(real.api.GetProcAddress) ||
-        (*pfn != reinterpret_cast<void*>(real.api.GetProcAddress_v2) &&
-         cuda_version < 12000);
-    *pfn = legacy ? reinterpret_cast<void*>(&::cuGetProcAddress)
-                  : reinterpret_cast<void*>(&::cuGetProcAddress_v2);
-    return true;
-  }
-  if (std::strcmp(symbol, "cuGetProcAddress_v2") == 0) {
-    *pfn = reinterpret_cast<void*>(&::cuGetProcAddress_v2);
-    return true;
-  }
-  return false;
-}
-
-CUresult GetProcAddress(Hook hook, const char* symbol, void** pfn,
-                        int cuda_version, cuuint64_t flags,
-                        int* symbol_status) {
-  Called(hook);
-  const RealApi& real = Real().api;
-  CUresult r;
-  if (hook == Hook::cuGetProcAddress_v2 && real.GetProcAddress_v2 != nullptr) {
-    r = real.GetProcAddress_v2(symbol, pfn, cuda_version, flags,
-                               symbol_status);
-  } else if (real.GetProcAddress != nullptr) {
-    // The four-argument form (also for a _v2 call on a driver before 12.0).
-    r = real.GetProcAddress(symbol, pfn, cuda_version, flags);
-    if (symbol_status != nullptr)
-      *symbol_status = r == cu::CUDA_SUCCESS
-                           ? cu::CU_GET_PROC_ADDRESS_SUCCESS
-                           : cu::CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
-  } else {
-    return Done(hook, false, cu::CUDA_ERROR_NOT_FOUND);
-  }
-  const bool found =
-      r == cu::CUDA_SUCCESS &&
-      (symbol_status == nullptr ||
-       *symbol_status == cu::CU_GET_PROC_ADDRESS_SUCCESS);
-  const bool rewritten =
-      found && RewriteProcAddress(symbol, pfn, cuda_version, flags);
-  return Done(hook, rewritten, r);
 }
 
 }  // namespace

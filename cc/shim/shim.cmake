@@ -122,7 +122,8 @@ if(JAXLAKE_BUILD_SHIM)
     add_test(NAME cuda_conformance_test COMMAND cuda_conformance_test)
     set_tests_properties(cuda_conformance_test PROPERTIES TIMEOUT 120)
 
-    add_executable(shim_test tests/shim/shim_test.cc)
+    add_executable(shim_test tests/shim/shim_test.cc
+      tests/shim/shim_hooks_test.cc tests/shim/shim_capture_test.cc)
     target_include_directories(shim_test PRIVATE "${PROJECT_SOURCE_DIR}")
     target_link_libraries(shim_test PRIVATE ${CMAKE_DL_LIBS} Threads::Threads)
     target_compile_definitions(shim_test PRIVATE

@@ -63,6 +63,25 @@ using Event = std::uint64_t;   // 0 is never valid
   X(event_query)                \
   X(event_synchronize)
 
+// The backend's side of each entry point, in the same order: the
+// interface declares them pure virtual (JAXLAKE_VMM_BACKEND_CALLS(virtual,
+// = 0)) and each backend class its overrides (JAXLAKE_VMM_BACKEND_CALLS(,
+// override)), which it defines.
+#define JAXLAKE_VMM_BACKEND_CALLS(BEFORE, AFTER)                           \
+  BEFORE Status do_reserve(std::size_t size, std::uintptr_t* va) AFTER;    \
+  BEFORE Status do_address_free(std::uintptr_t va, std::size_t size) AFTER; \
+  BEFORE Status do_create(std::size_t size, Handle* handle) AFTER;         \
+  BEFORE Status do_release(Handle handle) AFTER;                           \
+  BEFORE Status do_map(std::uintptr_t va, std::size_t size,                \
+                       std::size_t offset, Handle handle) AFTER;           \
+  BEFORE Status do_unmap(std::uintptr_t va, std::size_t size) AFTER;       \
+  BEFORE Status do_set_access(std::uintptr_t va, std::size_t size) AFTER;  \
+  BEFORE Status do_event_create(Event* event) AFTER;                       \
+  BEFORE Status do_event_destroy(Event event) AFTER;                       \
+  BEFORE Status do_event_record(Event event, Stream stream) AFTER;         \
+  BEFORE Status do_event_query(Event event) AFTER;                         \
+  BEFORE Status do_event_synchronize(Event event) AFTER;
+
 enum class Call : int {
 #define JAXLAKE_X(name) name,
   JAXLAKE_DRIVER_CALLS(JAXLAKE_X)
@@ -141,19 +160,7 @@ class Driver {
  protected:
   Driver() = default;
 
-  virtual Status do_reserve(std::size_t size, std::uintptr_t* va) = 0;
-  virtual Status do_address_free(std::uintptr_t va, std::size_t size) = 0;
-  virtual Status do_create(std::size_t size, Handle* handle) = 0;
-  virtual Status do_release(Handle handle) = 0;
-  virtual Status do_map(std::uintptr_t va, std::size_t size,
-                        std::size_t offset, Handle handle) = 0;
-  virtual Status do_unmap(std::uintptr_t va, std::size_t size) = 0;
-  virtual Status do_set_access(std::uintptr_t va, std::size_t size) = 0;
-  virtual Status do_event_create(Event* event) = 0;
-  virtual Status do_event_destroy(Event event) = 0;
-  virtual Status do_event_record(Event event, Stream stream) = 0;
-  virtual Status do_event_query(Event event) = 0;
-  virtual Status do_event_synchronize(Event event) = 0;
+  JAXLAKE_VMM_BACKEND_CALLS(virtual, = 0)
 
  private:
   Status Count(Call c, Status s) {

@@ -43,19 +43,7 @@ class FaultyDriver : public Driver {
   std::uint64_t injected() const;
 
  protected:
-  Status do_reserve(std::size_t size, std::uintptr_t* va) override;
-  Status do_address_free(std::uintptr_t va, std::size_t size) override;
-  Status do_create(std::size_t size, Handle* handle) override;
-  Status do_release(Handle handle) override;
-  Status do_map(std::uintptr_t va, std::size_t size, std::size_t offset,
-                Handle handle) override;
-  Status do_unmap(std::uintptr_t va, std::size_t size) override;
-  Status do_set_access(std::uintptr_t va, std::size_t size) override;
-  Status do_event_create(Event* event) override;
-  Status do_event_destroy(Event event) override;
-  Status do_event_record(Event event, Stream stream) override;
-  Status do_event_query(Event event) override;
-  Status do_event_synchronize(Event event) override;
+  JAXLAKE_VMM_BACKEND_CALLS(, override)
 
  private:
   // Returns the injected status for this call, or kOk to forward it.

@@ -15,20 +15,9 @@
 
 namespace {
 
-using jaxlake::replay::FitCapacity;
-using jaxlake::replay::FitOptions;
-using jaxlake::replay::FitResult;
-using jaxlake::replay::kMiB;
-using jaxlake::replay::MakePolicy;
-using jaxlake::replay::ParseTrace;
-using jaxlake::replay::Policy;
-using jaxlake::replay::PolicyOptions;
-using jaxlake::replay::Trace;
+using namespace jaxlake::replay;           // NOLINT: the code under test
+using namespace jaxlake::replay::testing;  // NOLINT: its test helpers
 using jaxlake::vmm::Call;
-using jaxlake::replay::testing::Alloc;
-using jaxlake::replay::testing::Calls;
-using jaxlake::replay::testing::Cap;
-using jaxlake::replay::testing::Make;
 
 // ---- xla-vmm -----------------------------------------------------------------
 
@@ -176,13 +165,14 @@ TEST(bfc_growth_coalesces_across_growth_steps) {
 
 // ---- fit capacity ------------------------------------------------------------
 
-const std::string kHeader =
-    "{\"format\": \"jaxlake-trace\", \"version\": 1, \"name\": \"t\", "
-    "\"devices\": 1, \"source\": \"test\"}\n";
-
-Trace Jsonl(const std::string& body) {
-  const std::string text = kHeader + body;
-  return ParseTrace(text.data(), text.size(), false, false);
+// The fit capacity of `t` under `name`, with default options (a failed
+// check when the search fails).
+FitResult Fit(const Trace& t, const std::string& name) {
+  FitResult f;
+  std::string error;
+  CHECK(FitCapacity(t, name, PolicyOptions{}, FitOptions{}, &f, &error));
+  CHECK_EQ(error, std::string());
+  return f;
 }
 
 TEST(fit_capacity_of_xla_vmm_worked_by_hand) {
@@ -230,10 +220,8 @@ TEST(fit_capacity_fails_one_granule_below_for_every_policy) {
   }
   const Trace t = Jsonl(body);
   REQUIRE(t.ok());
-  for (const std::string& name : jaxlake::replay::PolicyNames()) {
-    FitResult f;
-    std::string error;
-    CHECK(FitCapacity(t, name, PolicyOptions{}, FitOptions{}, &f, &error));
+  for (const std::string& name : PolicyNames()) {
+    const FitResult f = Fit(t, name);
     CHECK(f.found);
     CHECK(f.capacity >= f.peak_live);
     CHECK(!f.at_fit.oom);
@@ -278,10 +266,8 @@ TEST(fit_capacity_matches_a_scan_of_every_granule) {
   }
   const Trace t = Jsonl(body);
   REQUIRE(t.ok());
-  for (const std::string& name : jaxlake::replay::PolicyNames()) {
-    FitResult f;
-    std::string error;
-    CHECK(FitCapacity(t, name, PolicyOptions{}, FitOptions{}, &f, &error));
+  for (const std::string& name : PolicyNames()) {
+    const FitResult f = Fit(t, name);
     REQUIRE(f.found);
     const std::uint64_t gran = 2 * kMiB;
     std::uint64_t smallest = 0;
