@@ -21,6 +21,11 @@ def alloc_state_names() -> list[str]:
 def status_names() -> list[str]:
     """Names of the driver statuses."""
 
+def trace_line(t: int, id: int, dev: int, size: int, stream: int,
+               alloc: bool, kind: str) -> str:
+    """One event line of the trace format, with its newline
+    (cc/replay/trace_line.h); kind "" for none, size ignored on a free."""
+
 def backend_names() -> list[str]:
     """Backends this build knows."""
 

@@ -310,16 +310,23 @@ FAKE cuMemFreeAsync_ptsz(CUdeviceptr dptr, CUstream stream) {
   return PoolFree(dptr, stream);
 }
 
+// The pool's reuse policies (CU_MEMPOOL_ATTR_REUSE_*): the fake's pool
+// always reuses, so they read 1 and a write changes nothing.
+static bool IsReuseAttr(int attr) {
+  return attr == CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES ||
+         attr == CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC ||
+         attr == CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES;
+}
+
 FAKE cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void* value) {
   ENTER();
   return WithPool(pool, value, [&](Driver& d, int dev) -> CUresult {
     auto* out = static_cast<cuuint64_t*>(value);
+    if (IsReuseAttr(attr)) {  // every reuse policy on
+      *static_cast<int*>(value) = 1;
+      return CUDA_SUCCESS;
+    }
     switch (attr) {
-      case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-      case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-      case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-        *static_cast<int*>(value) = 1;
-        return CUDA_SUCCESS;
       case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
         *out = d.release_threshold[dev];
         return CUDA_SUCCESS;
@@ -344,11 +351,8 @@ FAKE cuMemPoolGetAttribute(CUmemoryPool pool, int attr, void* value) {
 FAKE cuMemPoolSetAttribute(CUmemoryPool pool, int attr, void* value) {
   ENTER();
   return WithPool(pool, value, [&](Driver& d, int dev) -> CUresult {
+    if (IsReuseAttr(attr)) return CUDA_SUCCESS;  // taken, always on
     switch (attr) {
-      case CU_MEMPOOL_ATTR_REUSE_FOLLOW_EVENT_DEPENDENCIES:
-      case CU_MEMPOOL_ATTR_REUSE_ALLOW_OPPORTUNISTIC:
-      case CU_MEMPOOL_ATTR_REUSE_ALLOW_INTERNAL_DEPENDENCIES:
-        return CUDA_SUCCESS;
       case CU_MEMPOOL_ATTR_RELEASE_THRESHOLD:
         d.release_threshold[dev] = *static_cast<const cuuint64_t*>(value);
         return CUDA_SUCCESS;

@@ -22,6 +22,7 @@
 #include <vector>
 
 #include "cc/lake/lake.h"
+#include "cc/replay/trace_line.h"
 #include "cc/stats/stats.h"
 #include "cc/vmm/cuda_driver.h"
 #include "cc/vmm/driver.h"
@@ -278,6 +279,27 @@ NB_MODULE(_core, m) {
                                     std::end(kStateNames));
   }, "Names of the ways an allocation can be served, in policy order.");
   m.def("status_names", &StatusNames, "Names of the driver statuses.");
+  m.def(
+      "trace_line",
+      [](std::uint64_t t, std::uint64_t id, std::uint64_t dev,
+         std::uint64_t size, std::uint64_t stream, bool alloc,
+         const std::string& kind) {
+        TraceLine line;
+        line.t = t;
+        line.id = id;
+        line.dev = dev;
+        line.size = size;
+        line.stream = stream;
+        line.alloc = alloc;
+        line.kind = kind.c_str();
+        std::string out;
+        AppendTraceLine(&out, line);
+        return out;
+      },
+      "t"_a, "id"_a, "dev"_a, "size"_a, "stream"_a, "alloc"_a, "kind"_a,
+      "One event line of the trace format, with its newline "
+      "(cc/replay/trace_line.h); kind \"\" for none, size ignored on a "
+      "free.");
   m.def("backend_names", &vmm::BackendNames, "Backends this build knows.");
   m.def("backend_defaults", &BackendDefaults, "backend"_a,
         "(granularity, device_memory) a backend uses by default.");

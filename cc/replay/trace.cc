@@ -1,5 +1,6 @@
 // jaxlake: the trace parser and writers. See trace.h and docs/traces.md.
 #include "cc/replay/trace.h"
+#include "cc/replay/trace_line.h"
 
 #include <cstdio>
 #include <cstring>
@@ -728,24 +729,15 @@ std::string WriteJsonl(const Trace& trace, const std::string& header) {
   out += header;
   out += '\n';
   for (const TraceFileEvent& e : trace.events) {
-    out += "{\"t\":";
-    AppendU64(&out, e.t);
-    out += e.alloc ? ",\"op\":\"alloc\",\"id\":" : ",\"op\":\"free\",\"id\":";
-    AppendU64(&out, e.id);
-    out += ",\"dev\":";
-    AppendU64(&out, e.dev);
-    if (e.alloc) {
-      out += ",\"size\":";
-      AppendU64(&out, e.size);
-    }
-    out += ",\"stream\":";
-    AppendU64(&out, e.stream);
-    if (e.alloc && e.kind != 0) {
-      out += ",\"kind\":\"";
-      out += KindName(e.kind);
-      out += '"';
-    }
-    out += "}\n";
+    TraceLine line;
+    line.t = e.t;
+    line.id = e.id;
+    line.dev = e.dev;
+    line.size = e.size;
+    line.stream = e.stream;
+    line.alloc = e.alloc;
+    line.kind = KindName(e.kind);
+    AppendTraceLine(&out, line);
   }
   return out;
 }

@@ -249,6 +249,12 @@ std::uint64_t TraceWriter::Now() const {
   return t > last_t_ ? t : last_t_;
 }
 
+void TraceWriter::WriteLineLocked(const TraceLine& line) {
+  line_.clear();
+  AppendTraceLine(&line_, line);
+  std::fwrite(line_.data(), 1, line_.size(), file_);
+}
+
 void TraceWriter::Alloc(int device, std::uintptr_t ptr, std::size_t size,
                         std::uint64_t stream) {
   if (!active()) return;
@@ -258,12 +264,14 @@ void TraceWriter::Alloc(int device, std::uintptr_t ptr, std::size_t size,
   last_t_ = Now();
   const std::uint64_t id = next_id_++;
   live_[ptr] = Live{id, size};
-  std::fprintf(file_,
-               "{\"t\": %llu, \"op\": \"alloc\", \"id\": %llu, \"dev\": %d, "
-               "\"size\": %zu, \"stream\": %llu}\n",
-               static_cast<unsigned long long>(last_t_),
-               static_cast<unsigned long long>(id), device, size,
-               static_cast<unsigned long long>(stream));
+  TraceLine line;
+  line.t = last_t_;
+  line.id = id;
+  line.dev = static_cast<std::uint64_t>(device);
+  line.size = size;
+  line.stream = stream;
+  line.alloc = true;
+  WriteLineLocked(line);
   if (++events_ % static_cast<long long>(flush_every_) == 0) FlushLocked();
 }
 
@@ -274,12 +282,14 @@ void TraceWriter::Free(int device, std::uintptr_t ptr, std::uint64_t stream) {
   auto it = live_.find(ptr);
   if (it == live_.end()) return;  // allocated before the trace started
   last_t_ = Now();
-  std::fprintf(file_,
-               "{\"t\": %llu, \"op\": \"free\", \"id\": %llu, \"dev\": %d, "
-               "\"size\": %zu, \"stream\": %llu}\n",
-               static_cast<unsigned long long>(last_t_),
-               static_cast<unsigned long long>(it->second.id), device,
-               it->second.size, static_cast<unsigned long long>(stream));
+  TraceLine line;
+  line.t = last_t_;
+  line.id = it->second.id;
+  line.dev = static_cast<std::uint64_t>(device);
+  line.size = it->second.size;
+  line.free_size = true;
+  line.stream = stream;
+  WriteLineLocked(line);
   live_.erase(it);
   if (++events_ % static_cast<long long>(flush_every_) == 0) FlushLocked();
 }

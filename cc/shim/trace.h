@@ -38,6 +38,8 @@
 #include <string>
 #include <unordered_map>
 
+#include "cc/replay/trace_line.h"
+
 namespace jaxlake::shim {
 
 class TraceWriter {
@@ -90,6 +92,8 @@ class TraceWriter {
   std::uint64_t Now() const;
   long long StopLocked();
   void HeaderLocked();
+  // Writes one event line (cc/replay/trace_line.h, the format's one writer).
+  void WriteLineLocked(const TraceLine& line);
   // Flushes the file and writes the outside peak into the header.
   void FlushLocked();
 
@@ -97,6 +101,8 @@ class TraceWriter {
   std::atomic<bool> active_{false};
   std::FILE* file_ = nullptr;
   std::string path_;
+  std::string line_;       // the event line being written (kept: no
+                           // allocation per event)
   std::string gzip_path_;  // the .gz file to compress into at the stop
   long owner_pid_ = 0;     // the process that started the trace
   std::string name_;

@@ -70,12 +70,12 @@ TEST(pool_allocations_are_served_by_the_lake_with_their_stream) {
   CHECK(lines[0].find("\"name\": \"served\"") != std::string::npos);
   CHECK(lines[0].find("\"source\": \"shim\"") != std::string::npos);
   CHECK_EQ(JsonInt(lines[0], "devices"), jaxlake::testing::kFakeDevices);
-  CHECK(lines[1].find("\"op\": \"alloc\"") != std::string::npos);
+  CHECK(lines[1].find("\"op\":\"alloc\"") != std::string::npos);
   CHECK_EQ(JsonInt(lines[1], "size"), static_cast<long long>(8 * kMiB));
   CHECK_EQ(JsonInt(lines[1], "stream"), static_cast<long long>(Value(s1)));
   CHECK_EQ(JsonInt(lines[2], "size"), 1000);
   CHECK_EQ(JsonInt(lines[2], "stream"), static_cast<long long>(Value(s2)));
-  CHECK(lines[3].find("\"op\": \"free\"") != std::string::npos);
+  CHECK(lines[3].find("\"op\":\"free\"") != std::string::npos);
   CHECK_EQ(JsonInt(lines[3], "id"), JsonInt(lines[1], "id"));
   CHECK_EQ(JsonInt(lines[3], "stream"), static_cast<long long>(Value(s1)));
   CHECK_EQ(JsonInt(lines[4], "id"), JsonInt(lines[2], "id"));

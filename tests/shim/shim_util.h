@@ -203,7 +203,9 @@ inline unsigned long long PoolBytes(int device) {
 
 // The integer after `"key": ` in `json` (the first one), or -1.
 inline long long JsonInt(const std::string& json, const std::string& key) {
-  const std::string needle = "\"" + key + "\": ";
+  // With or without a space after the colon (the stats' JSON has one, the
+  // trace's event lines none).
+  const std::string needle = "\"" + key + "\":";
   const std::size_t at = json.find(needle);
   if (at == std::string::npos) return -1;
   return std::strtoll(json.c_str() + at + needle.size(), nullptr, 10);

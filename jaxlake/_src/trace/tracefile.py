@@ -132,6 +132,9 @@ class TraceWriter:
             line = json.dumps(header, sort_keys=False, default=str)
         except (TypeError, ValueError) as e:
             raise ValueError(f"meta is not JSON-serialisable: {e}") from None
+        # Event lines come from the format's one writer
+        # (cc/replay/trace_line.h), the same the shim and the replay use.
+        self._line: Any = _core().trace_line
         self._memory: Optional[io.StringIO] = (
             io.StringIO() if path is None else None)
         self._file: Optional[io.TextIOBase] = (
@@ -176,9 +179,7 @@ class TraceWriter:
         time = self._time(t)
         self._live.add(key)
         self._t = time
-        tail = f',"kind":"{kind}"}}' if kind is not None else "}"
-        out.write(f'{{"t":{time},"op":"alloc","id":{id},"dev":{dev},'
-                  f'"size":{size},"stream":{stream}{tail}\n')
+        out.write(self._line(time, id, dev, size, stream, True, kind or ""))
         self.events += 1
 
     def free(self, id: int, dev: int = 0, stream: int = 0,
@@ -195,8 +196,7 @@ class TraceWriter:
         time = self._time(t)
         self._live.discard(key)
         self._t = time
-        out.write(f'{{"t":{time},"op":"free","id":{id},"dev":{dev},'
-                  f'"stream":{stream}}}\n')
+        out.write(self._line(time, id, dev, 0, stream, False, ""))
         self.events += 1
 
     @property
