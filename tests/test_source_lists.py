@@ -10,6 +10,10 @@
   option table (jaxlake/_src/options.py, OPTIONS), which parses and
   documents them, names the same options in the same order, with the same
   defaults and kinds of value.
+- The environment variables the shim and the fake GPU read (their
+  quoted JAXLAKE_* names in cc/shim and cc/fakegpu) are all known to
+  jaxlake/_src/options.py (an option's variable or OTHER_VARIABLES), so a
+  user setting one gets no "not a jaxlake option" warning.
 
 The sources are read as text; nothing is built.
 """
@@ -20,7 +24,7 @@ import pathlib
 import re
 from typing import Any, List, Tuple
 
-from jaxlake._src.options import OPTIONS
+from jaxlake._src.options import OPTIONS, OTHER_VARIABLES
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 SHIM = ROOT / "cc" / "shim"
@@ -110,3 +114,19 @@ def test_python_option_table_matches_options_inc() -> None:
         assert option.kind in _KINDS[cpp_type], (
             f"option {field}: a {cpp_type} in cc/lake/options.inc but of kind {option.kind!r} in Python"
         )
+
+
+def test_variables_the_c_code_reads_are_known_to_the_option_checker() -> None:
+    read = set()
+    for folder in ("shim", "fakegpu"):
+        for path in (ROOT / "cc" / folder).glob("*.[ch]*"):
+            text = _without_comments(path.read_text())
+            read.update(re.findall(r'"(JAXLAKE_[A-Z0-9_]+)"', text))
+    assert "JAXLAKE_FAKEGPU_MEMORY" in read, "the scan found no variable"
+    known = set(OTHER_VARIABLES) | {o.env for o in OPTIONS}
+    missing = sorted(v for v in read - known
+                     # prefixes the shim builds names from, not variables
+                     if not v.endswith("_"))
+    assert not missing, (
+        f"read by cc/shim or cc/fakegpu but unknown to options.py "
+        f"(OTHER_VARIABLES), so jaxlake warns about them: {missing}")
