@@ -189,7 +189,7 @@ def test_loads_and_replays_a_million_events_in_seconds(
                 w.alloc(nid, rng.randrange(1, 64 * MIB))
                 live.append(nid)
     # The speeds themselves are measured and reported by the benchmark
-    # (docs/benchmarks.md, "Speed": 0.27 s to load, millions of events per
+    # (docs/results/suite.md, "Speed": 0.27 s to load, millions of events per
     # second); the bounds here are ten times looser, so that a loaded
     # machine passes and only an order-of-magnitude regression fails.
     import time

@@ -567,7 +567,7 @@ def test_xla_compiles_for_the_lakes_capacity() -> None:
     """Under JAX's default XLA rematerialises to 0.95 of its 0.75 pool;
     under the lake (cuda_async, no preallocation) its limit is about 0.8
     of the device times the slop factor, so the lake sets the factor that
-    gives the same limit for its capacity (docs/benchmarks.md, "Real
+    gives the same limit for its capacity (docs/results/fit.md, "Real
     runs"), and leaves a factor the program set, or a capacity in bytes,
     alone."""
     assert xla.slop_factor(0.75) == 89

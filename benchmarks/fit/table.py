@@ -1,4 +1,4 @@
-"""The markdown table of docs/benchmarks.md from table.sh's JSON reports.
+"""The markdown table of docs/results/fit.md from table.sh's JSON reports.
 
     python benchmarks/fit/table.py [OUT]      (default: ./jaxlake-fit)
     python benchmarks/fit/table.py --compare RECORDER_OUT FAKE_GPU_OUT

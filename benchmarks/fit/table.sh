@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The bundled `jaxlake fit` tables of docs/benchmarks.md: each row's search
+# The bundled `jaxlake fit` tables of docs/results/fit.md: each row's search
 # on an H100 and an H200 (traces reused between the two GPUs through
 # --traces). Writes OUT/<row>-<gpu>.json; table.py turns them into the
 # table.
@@ -58,7 +58,7 @@ row 1b-buckets-eval batch=1..1024 $lm --preset 1b --dtype bfloat16 --remat full 
 row 1b-lora batch=1..128 $lora --preset 1b --dtype bfloat16 --batch {batch} $common
 row 3b-full batch=1..128 $lm --preset 3b --dtype bfloat16 --remat full --batch {batch} $common
 # The engines side by side on a small device (GPUS=1GiB), with both
-# engines (table.py --compare); docs/benchmarks.md also compares the
+# engines (table.py --compare); docs/results/fit.md also compares the
 # tiny-none row at an H100's size.
 row tiny-cmp batch=16..1024 $lm --preset tiny --dtype float32 --attention xla --batch {batch} $common
 row small-cmp batch=1..256 $lm --preset small --dtype float32 --attention xla --batch {batch} $common

@@ -107,7 +107,7 @@ SUITE: List[Spec] = [
 
 #: Per-tensor variants of the suite's small configurations, not bundled:
 #: traces the policy was not tuned on, to check it against the other
-#: allocators (docs/benchmarks.md, "Per-tensor variants"). `--per-tensor`
+#: allocators (docs/experiments/per_tensor.md). `--per-tensor`
 #: builds these instead of SUITE, into a folder other than this one. (An
 #: option given twice takes its last value.)
 _PT = ("--preset", "small", "--steps", "4", "--batch", "16", "--seq-len",

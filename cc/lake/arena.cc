@@ -269,7 +269,7 @@ bool Lake::Impl::ClaimCapacity(std::uint64_t n) {
 // state, whose allocations only grow; once frees come between growths (a
 // step's transient buffers) a growth is a new high that the next step
 // repeats, and a share would stay unused at the peak (uncapped U paid up
-// to 1/16: docs/benchmarks.md, "Hold-out").
+// to 1/16: docs/experiments/holdout_changes.md).
 // Returns the chunks claimed, 0 when the capacity forbids even `need`.
 std::uint64_t Lake::Impl::ClaimGrowth(std::uint64_t need, std::uint64_t most) {
   std::uint64_t want = std::max<std::uint64_t>(

@@ -178,8 +178,8 @@ Status Lake::Impl::TryEdgeGrow(MutexLock& lk,
   // Only when the run saves a chunk of the growth. Taking it always (a
   // bump allocator's packing) moves later requests off chunk boundaries,
   // and once they are freed their chunks are split between free and live
-  // units that a stitch cannot take (docs/benchmarks.md, "Against XLA's
-  // own allocators").
+  // units that a stitch cannot take (docs/experiments/lake_changes.md,
+  // "The edge run for every growth").
   if (ChunkUp(n - got) == ChunkUp(n)) return Status::kOutOfMemory;
   if (opt.max_pieces && plan.size() + 1 > opt.max_pieces)
     return Status::kOutOfMemory;

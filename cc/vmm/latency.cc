@@ -33,8 +33,8 @@ LatencyModel::LatencyModel() {
   set(Call::set_access, {{2 * kMiB, 36}, {kGiB, 360}});
   // create: kvcached measured 193 us on an A100 and 7.6 us on another
   // GPU at 2 MiB; 40 us sits between the two (their geometric mean is 38)
-  // and is a guess within the published range (docs/benchmarks.md gives
-  // the conclusions at 8, 40 and 200 us). The 1 GiB point is a guess.
+  // and is a guess within the published range (docs/results/suite.md
+  // gives the conclusions at 8, 40 and 200 us). The 1 GiB point is a guess.
   set(Call::create, {{2 * kMiB, 40}, {kGiB, 1000}});
   // release: no published figure; guesses.
   set(Call::release, {{2 * kMiB, 20}, {kGiB, 500}});

@@ -26,9 +26,10 @@ namespace {
 // the back-to-back segment before it ends in a free tail: starting in the
 // tail would move the request, and each later one carved after it, off
 // chunk boundaries, and once freed their chunks would hold free and live
-// units side by side, which no stitch takes (docs/benchmarks.md,
-// "Hold-out": taking the tail lowered U_fit on the hold-out and the
-// synthetic traces). A tail pending on another stream is not taken either.
+// units side by side, which no stitch takes
+// (docs/experiments/holdout_changes.md: taking the tail lowered U_fit on
+// the hold-out and the synthetic traces). A tail pending on another
+// stream is not taken either.
 TEST(fit_at_a_segment_start_stays_on_its_chunks) {
   jaxlake::vmm::HostDriver drv(SmallDevice());
   Lake lake(drv, Capped(64 * kMiB));

@@ -94,7 +94,7 @@ XLA_DEFAULT_FRACTION = 0.75
 #: cuda_async without preallocation, the lake's setting, it was about 0.8
 #: of the device times the slop factor (measured on the fake GPU with jax
 #: 0.10.2: 194.6 MiB on a 256 MiB device, 733.2 MiB on 1 GiB with a factor
-#: of 89; docs/benchmarks.md, "Real runs"). So the lake sets the factor
+#: of 89; docs/results/fit.md, "Real runs"). So the lake sets the factor
 #: that makes XLA compile for its capacity as JAX's default compiles for
 #: its pool, unless the program's XLA_FLAGS set one.
 SLOP_FLAG = "xla_gpu_memory_limit_slop_factor"

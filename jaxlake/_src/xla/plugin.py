@@ -32,8 +32,8 @@ UNTESTED_FROM = (0, 13)
 DEFAULT_UPDATE_MODES = ("ALWAYS_UPDATE", "SKIP_TEMP", "SKIP_PROFILED")
 
 #: What routing allocations to XLA's own VMM allocator costs against the
-#: lake. The measured figures live in docs/benchmarks.md (the xla-vmm
-#: policy of `jaxlake bench`); keep this text in step with that table.
+#: lake. The measured figures live in docs/results/suite.md (the
+#: xla-vmm policy of `jaxlake bench`); keep this text in step with that table.
 VMM_ALLOCATOR_COST = (
     "XLA's VMM allocator gives every buffer its own physical allocation "
     "rounded up to the allocation granularity, reuses freed memory only for "
