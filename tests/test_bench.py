@@ -134,6 +134,35 @@ def test_bench_without_a_suite(tmp_path: pathlib.Path,
     assert code == 1 and "no traces" in err
 
 
+def test_bench_workloads_group(tmp_path: pathlib.Path,
+                               monkeypatch: pytest.MonkeyPatch,
+                               capsys: pytest.CaptureFixture[str]) -> None:
+    """--workloads benches the suite folder's workloads group, not the
+    suite; with --suite or --synthetic, or where the group is missing, it
+    says what is wrong."""
+    folder = tmp_path / "suite"
+    group = folder / bench.WORKLOADS_GROUP
+    group.mkdir(parents=True)
+    for path, name in ((folder / "top.jsonl", "topmost"),
+                       (group / "grouped.jsonl", "grouped")):
+        with TraceWriter(path, name) as w:
+            w.alloc(1, 3 * MIB)
+            w.free(1)
+    monkeypatch.setattr(bench, "installed_suite_dir", lambda: str(folder))
+    code, out = run(["bench", "--workloads", "--out", str(tmp_path / "o"),
+                     "--no-progress", "--no-plots", "-p", "jaxlake,bfc"])
+    assert code == 0
+    assert str(group) in out and "grouped" in out and "topmost" not in out
+    code, _, err = run_err(["bench", "--workloads", "--suite", str(folder)],
+                           capsys)
+    assert code == 2 and "without --suite" in err
+    code, _, err = run_err(["bench", "--workloads", "--synthetic"], capsys)
+    assert code == 2 and "without --suite and --synthetic" in err
+    monkeypatch.setattr(bench, "installed_suite_dir", lambda: str(group))
+    code, _, err = run_err(["bench", "--workloads"], capsys)
+    assert code == 1 and "no workloads group" in err
+
+
 def test_bench_unknown_policy(capsys: pytest.CaptureFixture[str]) -> None:
     code, _, err = run_err(["bench", "--policy", "tensorflow"], capsys)
     assert code == 2

@@ -337,6 +337,44 @@ def test_holdout_set_is_apart_from_the_suite_and_the_variants(
     assert "give one" in capsys.readouterr().err
 
 
+def test_workloads_group_is_apart_from_the_suite(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """build.py --workloads lists the workload traces (serving, a temp
+    arena, kept outputs), whose files lie in their own folder, the one
+    `jaxlake bench --workloads` reads, and never in the suite's."""
+    from jaxlake._src.bench import suite as bench
+    build = _build_py()
+    names = [s.name for s in build.WORKLOADS]
+    assert len(names) == len(set(names)) == 4
+    assert not set(names) & ({s.name for s in build.SUITE} | set(build.KEPT))
+    assert build.WORKLOADS_DIR == _SUITE_FOLDER / bench.WORKLOADS_GROUP
+    files = {p.name[:-len(".jsonl.gz")]
+             for p in build.WORKLOADS_DIR.glob("*.jsonl.gz")}
+    assert files == set(names)
+    total = 0
+    for name in names:
+        path = build.WORKLOADS_DIR / f"{name}.jsonl.gz"
+        total += path.stat().st_size
+        trace = read_trace(path)
+        assert trace.name == name and trace.source == "recorder"
+    assert total < 2 << 20
+    assert build.main(["--workloads", "--list"]) == 0
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    assert listed == names
+
+    def no_build(*args: object, **kwargs: object) -> None:
+        raise AssertionError("--workloads began building into the suite")
+    build.build_one = no_build
+    with pytest.raises(SystemExit) as e:
+        build.main(["--workloads", "--out", str(_SUITE_FOLDER)])
+    assert e.value.code == 2
+    assert "not into the suite's folder" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        build.main(["--workloads", "--holdout", "--out", "/nonexistent"])
+    assert e.value.code == 2
+    assert "give one" in capsys.readouterr().err
+
+
 def test_device_less_compile_keeps_the_plugin_quiet(tmp_path: Path) -> None:
     """The plugin's "Could not find cuda drivers" lines, logged when the
     recorder loads it, are filtered out; other stderr output is kept."""

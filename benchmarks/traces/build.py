@@ -3,6 +3,7 @@
     python benchmarks/traces/build.py            # every trace, here
     python benchmarks/traces/build.py --list     # what it would run
     python benchmarks/traces/build.py --only 1b --jobs 2
+    python benchmarks/traces/build.py --workloads  # the workloads group
 
 Each trace is one run of an example (examples/*.py) with --trace: run on
 the CPU, sized by a device-less H100 compile (see jaxlake/_src/trace/recorder.py).
@@ -169,6 +170,37 @@ HOLDOUT: List[Spec] = [
 ]
 HOLDOUT_SEEDS = (100, 101, 102, 103)
 
+#: The workloads group (docs/benchmarks.md, "Workloads that fragment"):
+#: programs beyond one jitted training step, bundled in a folder of their
+#: own, WORKLOADS_DIR, so that the suite's figures stay those of the
+#: training traces above; `jaxlake bench --workloads` replays them.
+#: `--workloads` builds these. "{tmp}" in an option is the run's own empty
+#: temporary folder (a checkpoint folder that must start empty).
+_SERVE = ("--preset", "small", "--max-len", "1024", "--cache-block", "256",
+          "--prompt-len", "64,512", "--new-tokens", "64,512",
+          "--requests", "20", "--slots", "8", "--compile-only")
+WORKLOADS: List[Spec] = [
+    Spec("serve-small-grow", "serve_lm.py", _SERVE,
+         "serving 20 requests, 8 at a time, each with its own KV cache "
+         "that grows by 256 positions and is freed when it finishes"),
+    Spec("serve-small-slots", "serve_lm.py", _SERVE + ("--cache", "slots"),
+         "the same requests over one fixed cache of 8 slots"),
+    Spec("temp-arena-small", "train_lm.py",
+         ("--preset", "small", "--no-scan-layers", "--batch", "64",
+          "--seq-len", "256", "--steps", "6", "--dtype", "bfloat16",
+          "--compile-only"),
+         "one temp buffer per step, 97% of the peak, beside 108 separate "
+         "parameter and optimizer-state buffers (the marin pattern)"),
+    Spec("keep-outputs-small", "train_lm.py",
+         ("--preset", "small", "--steps", "8", "--batch", "16",
+          "--seq-buckets", "32,64,96,128", "--eval-every", "2",
+          "--eval-batches", "1", "--keep-outputs", "--ckpt-dir", "{tmp}",
+          "--ckpt-every", "4", "--restore-at", "6", "--dtype", "bfloat16"),
+         "a train step per sequence length, evaluation every 2 steps, "
+         "every output kept to the end, a checkpoint restored mid-run"),
+]
+WORKLOADS_DIR = HERE / "workloads"
+
 #: Traces recorded from earlier versions of the examples and kept because
 #: they show what no trace above does; build.py does not remake them.
 KEPT: Dict[str, str] = {
@@ -198,8 +230,11 @@ def build_one(spec: Spec, out: Path, verbose: bool,
     final = out / f"{spec.name}.jsonl.gz"
     with tempfile.TemporaryDirectory(prefix="jaxlake-suite-") as tmp:
         partial = Path(tmp) / final.name
+        scratch = Path(tmp) / "scratch"
+        scratch.mkdir()
+        args = [a.replace("{tmp}", str(scratch)) for a in spec.args]
         cmd = [sys.executable, str(EXAMPLES / spec.script), "--no-progress",
-               "--no-jaxlake", *spec.args, "--trace", str(partial),
+               "--no-jaxlake", *args, "--trace", str(partial),
                "--trace-name", spec.name]
         started = time.perf_counter()
         done = subprocess.run(cmd, env=_env(spec, cache), capture_output=True,
@@ -239,8 +274,9 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser = argparse.ArgumentParser(
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter)
-    parser.add_argument("--out", default=str(HERE),
-                        help="folder for the traces (default: this one)")
+    parser.add_argument("--out", default=None,
+                        help="folder for the traces (default: this one; "
+                             "with --workloads, its workloads folder)")
     parser.add_argument("--only", nargs="+", metavar="PATTERN",
                         help="build only traces whose name matches")
     parser.add_argument("--jobs", type=int, default=1,
@@ -255,21 +291,33 @@ def main(argv: Optional[List[str]] = None) -> int:
     parser.add_argument("--holdout", action="store_true",
                         help="build the hold-out set (not bundled, never "
                              "tuned on) instead of the suite; needs --out")
+    parser.add_argument("--workloads", action="store_true",
+                        help="build the workloads group (serving, kept "
+                             "outputs, a temp arena) instead of the suite, "
+                             "into its own folder")
     args = parser.parse_args(argv)
-    if args.per_tensor and args.holdout:
-        parser.error("--per-tensor and --holdout build different sets: "
-                     "give one")
+    sets = [f for f, on in (("--per-tensor", args.per_tensor),
+                            ("--holdout", args.holdout),
+                            ("--workloads", args.workloads)) if on]
+    if len(sets) > 1:
+        parser.error(f"{' and '.join(sets)} build different sets: give one")
     apart = args.per_tensor or args.holdout
     specs = select(args.only, HOLDOUT if args.holdout else
-                   PER_TENSOR if args.per_tensor else SUITE)
+                   PER_TENSOR if args.per_tensor else
+                   WORKLOADS if args.workloads else SUITE)
     if args.list:
         for s in specs:
             print(f"{s.name:38} {s.script:18} {s.about}")
-        if not apart:
+        if not apart and not args.workloads:
             for name, about in KEPT.items():
                 print(f"{name:38} {'(kept)':18} {about}")
         return 0
-    out = Path(args.out)
+    out = Path(args.out if args.out is not None else
+               WORKLOADS_DIR if args.workloads else HERE)
+    if args.workloads and out.resolve() == HERE:
+        parser.error("--workloads builds a group of its own: not into the "
+                     "suite's folder, whose figures it would change (leave "
+                     "out --out, or give another folder)")
     if apart and out.resolve() == HERE:
         parser.error(f"{'--holdout' if args.holdout else '--per-tensor'} "
                      "needs --out FOLDER: these traces are not part of the "

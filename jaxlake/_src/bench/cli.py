@@ -242,6 +242,10 @@ def register(commands: Any) -> None:
     b.add_argument("--synthetic", action="store_true",
                    help="bench synthetic traces (written under OUT/"
                         "synthetic/) instead of the suite")
+    b.add_argument("--workloads", action="store_true",
+                   help="bench the bundled workloads group (serving with "
+                        "growing or slotted KV caches, kept outputs, a "
+                        "temp arena) instead of the suite")
     _add_policy(b)
     b.add_argument("--capacity", type=_capacity, default=Capacity(factor=1.1),
                    metavar="SIZE",
@@ -399,12 +403,23 @@ def bench_command(args: argparse.Namespace,
         return chosen
     policies, latency = chosen
     start = time.perf_counter()
+    if args.workloads and (args.suite or args.synthetic):
+        _error("bench", "--workloads is a bundled group of its own: give "
+                        "it without --suite and --synthetic")
+        return EXIT_USAGE
     if args.synthetic:
         folder = os.path.join(args.out, "synthetic")
         paths = bench.write_synthetic(folder)
         source = f"synthetic traces in {folder}"
     else:
         found: Optional[str] = args.suite or bench.installed_suite_dir()
+        if found is not None and args.workloads:
+            group = os.path.join(found, bench.WORKLOADS_GROUP)
+            if not os.path.isdir(group):
+                _error("bench", f"no workloads group ({bench.WORKLOADS_GROUP}"
+                                f"/) in the bundled traces at {found}")
+                return EXIT_INPUT
+            found = group
         if found is None:
             _error("bench", "no bundled traces found (jaxlake/traces is "
                             "empty); pass --suite DIR, or --synthetic to try "

@@ -40,6 +40,10 @@ from jaxlake._src.bench.columns import table_rows as table_rows
 
 GIB = 1 << 30
 SUITE_PATTERN = "*.jsonl.gz"
+#: The suite folder's subfolder of workload traces (serving, kept outputs,
+#: a temp arena), benched apart with `jaxlake bench --workloads` so the
+#: suite's own figures stay those of its training traces.
+WORKLOADS_GROUP = "workloads"
 
 
 # -- finding the suite -------------------------------------------------------
