@@ -284,16 +284,9 @@ NB_MODULE(_core, m) {
       [](std::uint64_t t, std::uint64_t id, std::uint64_t dev,
          std::uint64_t size, std::uint64_t stream, bool alloc,
          const std::string& kind) {
-        TraceLine line;
-        line.t = t;
-        line.id = id;
-        line.dev = dev;
-        line.size = size;
-        line.stream = stream;
-        line.alloc = alloc;
-        line.kind = kind.c_str();
         std::string out;
-        AppendTraceLine(&out, line);
+        AppendTraceLine(&out, TraceLine{t, id, dev, size, stream, alloc,
+                                        false, kind.c_str()});
         return out;
       },
       "t"_a, "id"_a, "dev"_a, "size"_a, "stream"_a, "alloc"_a, "kind"_a,

@@ -729,15 +729,8 @@ std::string WriteJsonl(const Trace& trace, const std::string& header) {
   out += header;
   out += '\n';
   for (const TraceFileEvent& e : trace.events) {
-    TraceLine line;
-    line.t = e.t;
-    line.id = e.id;
-    line.dev = e.dev;
-    line.size = e.size;
-    line.stream = e.stream;
-    line.alloc = e.alloc;
-    line.kind = KindName(e.kind);
-    AppendTraceLine(&out, line);
+    AppendTraceLine(&out, TraceLine{e.t, e.id, e.dev, e.size, e.stream,
+                                    e.alloc, false, KindName(e.kind)});
   }
   return out;
 }

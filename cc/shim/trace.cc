@@ -253,6 +253,7 @@ void TraceWriter::WriteLineLocked(const TraceLine& line) {
   line_.clear();
   AppendTraceLine(&line_, line);
   std::fwrite(line_.data(), 1, line_.size(), file_);
+  if (++events_ % static_cast<long long>(flush_every_) == 0) FlushLocked();
 }
 
 void TraceWriter::Alloc(int device, std::uintptr_t ptr, std::size_t size,
@@ -264,15 +265,8 @@ void TraceWriter::Alloc(int device, std::uintptr_t ptr, std::size_t size,
   last_t_ = Now();
   const std::uint64_t id = next_id_++;
   live_[ptr] = Live{id, size};
-  TraceLine line;
-  line.t = last_t_;
-  line.id = id;
-  line.dev = static_cast<std::uint64_t>(device);
-  line.size = size;
-  line.stream = stream;
-  line.alloc = true;
-  WriteLineLocked(line);
-  if (++events_ % static_cast<long long>(flush_every_) == 0) FlushLocked();
+  WriteLineLocked(TraceLine{last_t_, id, static_cast<std::uint64_t>(device),
+                            size, stream, true, false, nullptr});
 }
 
 void TraceWriter::Free(int device, std::uintptr_t ptr, std::uint64_t stream) {
@@ -282,16 +276,10 @@ void TraceWriter::Free(int device, std::uintptr_t ptr, std::uint64_t stream) {
   auto it = live_.find(ptr);
   if (it == live_.end()) return;  // allocated before the trace started
   last_t_ = Now();
-  TraceLine line;
-  line.t = last_t_;
-  line.id = it->second.id;
-  line.dev = static_cast<std::uint64_t>(device);
-  line.size = it->second.size;
-  line.free_size = true;
-  line.stream = stream;
-  WriteLineLocked(line);
+  WriteLineLocked(TraceLine{last_t_, it->second.id,
+                            static_cast<std::uint64_t>(device),
+                            it->second.size, stream, false, true, nullptr});
   live_.erase(it);
-  if (++events_ % static_cast<long long>(flush_every_) == 0) FlushLocked();
 }
 
 }  // namespace jaxlake::shim

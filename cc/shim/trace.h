@@ -92,7 +92,8 @@ class TraceWriter {
   std::uint64_t Now() const;
   long long StopLocked();
   void HeaderLocked();
-  // Writes one event line (cc/replay/trace_line.h, the format's one writer).
+  // Writes one event line (cc/replay/trace_line.h, the format's one
+  // writer), flushing every flush_every_ events.
   void WriteLineLocked(const TraceLine& line);
   // Flushes the file and writes the outside peak into the header.
   void FlushLocked();
