@@ -309,6 +309,9 @@ def _train(args: argparse.Namespace, setup: Setup, cfg: ModelConfig,
         return nnx.split(LM(cfg, nnx.Rngs(key)), wrt, ...)[2]
 
     host = _host_memory(args, mesh)
+    # Offloading of either kind: the pinned_host bytes are reported.
+    offload = host is not None or getattr(args, "remat", "none").startswith(
+        "offload")
 
     def to_host(tree: Any) -> Any:
         return jax.device_put(tree, jax.memory.Space.Host) if host else tree
@@ -410,6 +413,8 @@ def _train(args: argparse.Namespace, setup: Setup, cfg: ModelConfig,
     tokens_done, t0 = 0, time.perf_counter()
     kept: List[Any] = []  # --keep-outputs: every result, for the whole run
     restored = False
+    pinned_peak = 0  # offloading: the most pinned_host bytes live after a step
+    step_args: Any = None  # the last step's arguments, for its executable
 
     def evaluate() -> float:
         values = []
@@ -434,6 +439,8 @@ def _train(args: argparse.Namespace, setup: Setup, cfg: ModelConfig,
             total = 0.0
             for micro in range(args.grad_accum):
                 rows = batch[micro * micro_rows:(micro + 1) * micro_rows]
+                if offload and not args.compile_only:
+                    step_args = jax.ShapeDtypeStruct(rows.shape, rows.dtype)
                 trainable, opt_state, metrics = step_fn(
                     trainable, opt_state, frozen, put(rows))
                 total += _float(metrics["loss"])
@@ -444,6 +451,9 @@ def _train(args: argparse.Namespace, setup: Setup, cfg: ModelConfig,
             losses[step] = loss_value
             tokens_done += batch.shape[0] * (batch.shape[1] - 1)
             record: Dict[str, Any] = {"step": step, "loss": loss_value}
+            if offload and not args.compile_only:
+                record["pinned_host_bytes"] = pinned = _pinned_host_bytes()
+                pinned_peak = max(pinned_peak, pinned)
             if args.eval_every and step % args.eval_every == 0:
                 eval_loss = evaluate()
                 record["eval_loss"] = eval_loss
@@ -497,11 +507,49 @@ def _train(args: argparse.Namespace, setup: Setup, cfg: ModelConfig,
         kinds = sorted({str(x.sharding.memory_kind)
                         for x in jax.tree.leaves(opt_state)})
         print(f"optimizer state held in {', '.join(kinds)} memory")
+    host_step: Dict[str, int] = {}
+    if setup.is_main and offload and losses and step_args is not None:
+        host_step = _host_memory_of(step_fn, trainable, opt_state, frozen,
+                                    step_args)
+        print(f"pinned_host: at most {_mib(pinned_peak)} in arrays after a "
+              "step; the train step's executable: host arguments "
+              f"{_mib(host_step['arguments'])}, outputs "
+              f"{_mib(host_step['outputs'])} (aliased "
+              f"{_mib(host_step['aliased'])}), temporaries "
+              f"{_mib(host_step['temporaries'])}")
+        if args.log_json:
+            with open(args.log_json, "a") as f:
+                f.write(json.dumps({"pinned_host": {
+                    "arrays_peak": pinned_peak, "step": host_step}}) + "\n")
     if setup.is_main and args.keep_outputs:
         print(f"kept {len(kept)} outputs on the device to the end")
     return {"losses": losses, "eval_loss": eval_loss,
             "params": cfg.params(), "trainable": trainable,
-            "opt_state": opt_state, "frozen": frozen, "kept": kept}
+            "opt_state": opt_state, "frozen": frozen, "kept": kept,
+            "pinned_host_peak": pinned_peak, "host_step": host_step}
+
+
+def _mib(n: int) -> str:
+    return f"{n / 2**20:.2f} MiB"
+
+
+def _pinned_host_bytes() -> int:
+    """The bytes of every live array held in pinned_host memory."""
+    return sum(x.nbytes for x in jax.live_arrays()
+               if x.sharding.memory_kind == "pinned_host")
+
+
+def _host_memory_of(step_fn: Any, *args: Any) -> Dict[str, int]:
+    """The host memory of the train step's executable for these
+    arguments (XLA's memory analysis of what it compiled; the compile is
+    the one the steps ran, found in jax's cache): its pinned_host
+    arguments, outputs, outputs aliased to arguments, and temporaries
+    (the offloaded activations)."""
+    stats = step_fn.lower(*args).compile().memory_analysis()
+    return {"arguments": int(stats.host_argument_size_in_bytes),
+            "outputs": int(stats.host_output_size_in_bytes),
+            "aliased": int(stats.host_alias_size_in_bytes),
+            "temporaries": int(stats.host_temp_size_in_bytes)}
 
 
 def _host_memory(args: argparse.Namespace, mesh: Any) -> Any:

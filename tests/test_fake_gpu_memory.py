@@ -177,6 +177,35 @@ def test_memset_zero_drops_whole_pages_seen_through_both_mappings(
     assert counts["memset_written"] == (2 * page - 400) + 4000 + 4000
 
 
+def test_stats_count_the_page_locked_host_bytes_held(
+        tmp_path: pathlib.Path) -> None:
+    """The stats file's `host` gives the bytes and regions of page-locked
+    host memory (cuMemHostAlloc, cuMemAllocHost) held at exit and at their
+    peak: what XLA's host allocator takes for pinned_host arrays."""
+    stats = tmp_path / "stats.json"
+    result(run_case("""
+    def host_alloc(size):
+        p = ctypes.c_void_p()
+        ck(lib.cuMemHostAlloc(ctypes.byref(p), ctypes.c_size_t(size), 0),
+           "host alloc")
+        return p
+    a = host_alloc(3 * MiB)
+    b = host_alloc(5000)
+    c = ctypes.c_void_p()
+    ck(lib.cuMemAllocHost_v2(ctypes.byref(c), ctypes.c_size_t(MiB)), "host")
+    ck(lib.cuMemFreeHost(a), "free a")
+    ck(lib.cuMemFreeHost(c), "free c")
+    host_alloc(2 * MiB)
+    # A pointer the driver did not allocate is refused and counts nothing.
+    assert lib.cuMemFreeHost(ctypes.c_void_p(PAGE)) != 0
+    report()
+    """, env={"JAXLAKE_FAKEGPU_STATS": str(stats)}))
+    host = json.loads(stats.read_text())["host"]
+    mib = 1 << 20
+    assert host == {"bytes": 5000 + 2 * mib, "bytes_peak": 4 * mib + 5000,
+                    "regions": 2, "regions_peak": 3}, host
+
+
 def test_copy_from_never_written_memory_writes_no_page() -> None:
     out = result(run_case("""
     G = 2 * MiB

@@ -286,7 +286,8 @@ def test_per_tensor_variants_are_apart_from_the_suite(
     assert not set(names) & ({s.name for s in build.SUITE} | set(build.KEPT))
     assert all("--trace-per-tensor" in s.args for s in build.PER_TENSOR)
     assert build.main(["--per-tensor", "--list"]) == 0
-    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()
+              if not line.startswith(" ")]
     assert listed == names
     def no_build(*args: object, **kwargs: object) -> None:
         raise AssertionError("--per-tensor began building into the suite")
@@ -321,7 +322,8 @@ def test_holdout_set_is_apart_from_the_suite_and_the_variants(
     assert len(remat) == 9
     assert build.HOLDOUT_SEEDS and 0 not in build.HOLDOUT_SEEDS
     assert build.main(["--holdout", "--list"]) == 0
-    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
+    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()
+              if not line.startswith(" ")]
     assert listed == names
 
     def no_build(*args: object, **kwargs: object) -> None:
@@ -345,7 +347,7 @@ def test_workloads_group_is_apart_from_the_suite(
     from jaxlake._src.bench import suite as bench
     build = _build_py()
     names = [s.name for s in build.WORKLOADS]
-    assert len(names) == len(set(names)) == 4
+    assert len(names) == len(set(names)) == 5
     assert not set(names) & ({s.name for s in build.SUITE} | set(build.KEPT))
     assert build.WORKLOADS_DIR == _SUITE_FOLDER / bench.WORKLOADS_GROUP
     files = {p.name[:-len(".jsonl.gz")]
@@ -356,11 +358,22 @@ def test_workloads_group_is_apart_from_the_suite(
         path = build.WORKLOADS_DIR / f"{name}.jsonl.gz"
         total += path.stat().st_size
         trace = read_trace(path)
-        assert trace.name == name and trace.source == "recorder"
+        spec = next(s for s in build.WORKLOADS if s.name == name)
+        # The recorder's traces, or the shim's of a fake-GPU run, renamed.
+        assert trace.name == name and trace.source == {
+            build.RECORDER: "recorder", build.FAKE_GPU: "shim"}[spec.engine]
+        if spec.engine == build.FAKE_GPU:
+            assert trace.meta["args"] == list(spec.args)
     assert total < 2 << 20
     assert build.main(["--workloads", "--list"]) == 0
-    listed = [line.split()[0] for line in capsys.readouterr().out.splitlines()]
-    assert listed == names
+    lines = capsys.readouterr().out.splitlines()
+    assert [line.split()[0] for line in lines[::2]] == names
+    # Each trace's command, under its line: the fake GPU's through
+    # `jaxlake run`, the recorder's with the example's --trace.
+    for spec, line in zip(build.WORKLOADS, lines[1::2]):
+        assert line.startswith("    ") and spec.script in line, line
+        assert ("jaxlake run --quiet --fake-gpu --trace" in line) == (
+            spec.engine == build.FAKE_GPU), line
 
     def no_build(*args: object, **kwargs: object) -> None:
         raise AssertionError("--workloads began building into the suite")

@@ -18,6 +18,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -257,25 +258,49 @@ def test_offload_opt_state_refuses_the_recorder(tmp_path: Path) -> None:
 def test_offload_under_the_fake_gpu_uses_pinned_host_memory(
         tmp_path: Path) -> None:
     """XLA's GPU client holds pinned_host arrays in page-locked host memory
-    of its own (cuMemHostAlloc), beside the device pool the lake serves."""
-    counts = {}
+    of its own (cuMemHostAlloc), beside the device pool the lake serves.
+    The example reports the pinned_host bytes it keeps (its arrays after
+    each step, in --log-json too, and the train step's host temporaries,
+    the offloaded activations), and XLA's host allocator holds at least
+    that much (the fake's stats)."""
+    counts, held = {}, {}
     for name, extra in (("plain", []), ("offload", [
             "--offload-opt-state", "--remat", "offload-dots"])):
         trace, stats = tmp_path / f"{name}.jsonl", tmp_path / f"{name}.json"
+        log = tmp_path / f"{name}-log.jsonl"
         proc = fake_run([sys.executable, str(EXAMPLES / "train_lm.py"),
                          "--no-progress", "--steps", "2", "--attention",
-                         "xla", *extra], args=["--trace", str(trace)],
+                         "xla", "--log-json", str(log), *extra],
+                        args=["--trace", str(trace)],
                         env={"JAXLAKE_FAKEGPU_STATS": str(stats)},
                         timeout=TIMEOUT)
         assert proc.returncode == 0, proc.stderr[-4000:]
         assert len(read_trace(trace)) > 20
-        calls = json.loads(stats.read_text())["calls"]
+        report = json.loads(stats.read_text())
+        calls = report["calls"]
         assert int(calls.get("cuMemAllocFromPoolAsync", 0)) == 0
         counts[name] = int(calls.get("cuMemHostAlloc", 0))
-        if extra:
-            assert "optimizer state held in pinned_host memory" in \
-                proc.stdout
+        held[name] = report["host"]["bytes_peak"]
+        steps = [r for r in map(json.loads, log.read_text().splitlines())
+                 if "step" in r]
+        if not extra:
+            assert "pinned_host:" not in proc.stdout
+            assert all("pinned_host_bytes" not in r for r in steps)
+            continue
+        assert "optimizer state held in pinned_host memory" in proc.stdout
+        # The optimizer state, the same bytes after every step.
+        pinned = {r["pinned_host_bytes"] for r in steps}
+        assert len(steps) == 2 and len(pinned) == 1 and min(pinned) > 0
+        line = next(x for x in proc.stdout.splitlines()
+                    if x.startswith("pinned_host: "))
+        mib = [float(x) for x in re.findall(r"([0-9.]+) MiB", line)]
+        arrays, arguments, temporaries = mib[0], mib[1], mib[4]
+        assert abs(arrays - min(pinned) / 2**20) < 0.01, line
+        assert arguments == arrays and temporaries > 0, line
+        assert held[name] >= (arrays + temporaries) * 2**20 - 2**16, (
+            held, line)
     assert counts["offload"] > counts["plain"], counts
+    assert held["offload"] > held["plain"], held
 
 
 # -- one GPU shared by two JAX processes (--fake-gpu-shared) ---------------

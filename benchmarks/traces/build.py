@@ -7,8 +7,12 @@
 
 Each trace is one run of an example (examples/*.py) with --trace: run on
 the CPU, sized by a device-less H100 compile (see jaxlake/_src/trace/recorder.py).
-Models too big for the CPU (--compile-only) are compiled and not run. Needs
-the `examples` extra (pip install 'jaxlake[examples]'); no GPU.
+Models too big for the CPU (--compile-only) are compiled and not run. A
+trace whose program the recorder cannot record (pinned host memory) is the
+shim's trace of a run on the fake GPU (`jaxlake run --fake-gpu --trace`,
+XLA's real GPU client, the lake serving it). Needs the `examples` extra
+(pip install 'jaxlake[examples]'); no GPU. `--list` prints each trace's
+command.
 """
 
 from __future__ import annotations
@@ -19,6 +23,7 @@ import fnmatch
 import gzip
 import json
 import os
+import shlex
 import shutil
 import subprocess
 import sys
@@ -32,11 +37,23 @@ ROOT = HERE.parents[1]
 EXAMPLES = ROOT / "examples"
 
 
+#: How a trace is recorded: RECORDER, the example's own --trace on the CPU
+#: (jaxlake.Recorder), or FAKE_GPU, the shim's trace of the example run by
+#: XLA's GPU client on the fake GPU under the lake (`jaxlake run --fake-gpu
+#: --trace`), for what the recorder cannot compile without a device.
+RECORDER, FAKE_GPU = "recorder", "fake-gpu"
+
+#: XLA's flags of a fake-GPU recording: autotuning off (on the fake it
+#: times kernels that do not run, and its scratch follows its choices).
+FAKE_GPU_XLA_FLAGS = "--xla_gpu_autotune_level=0"
+
+
 class Spec(NamedTuple):
     name: str            # the trace's name and file stem
     script: str          # which example
     args: Sequence[str]  # its options (besides --trace)
     about: str           # one line for the README table
+    engine: str = RECORDER  # RECORDER or FAKE_GPU
 
 
 _SMALL = ("--preset", "small", "--steps", "12", "--batch", "16",
@@ -198,6 +215,13 @@ WORKLOADS: List[Spec] = [
           "--ckpt-every", "4", "--restore-at", "6", "--dtype", "bfloat16"),
          "a train step per sequence length, evaluation every 2 steps, "
          "every output kept to the end, a checkpoint restored mid-run"),
+    Spec("offload-small", "train_lm.py",
+         ("--preset", "small", "--batch", "16", "--seq-len", "128",
+          "--steps", "4", "--dtype", "bfloat16", "--attention", "xla",
+          "--offload-opt-state", "--remat", "offload-dots"),
+         "optimizer state held in pinned host memory and moved in and out "
+         "each step, matmul outputs offloaded to it (fake GPU: the shim's "
+         "trace of the device allocations)", FAKE_GPU),
 ]
 WORKLOADS_DIR = HERE / "workloads"
 
@@ -210,8 +234,50 @@ KEPT: Dict[str, str] = {
 }
 
 
+def _jaxlake() -> List[str]:
+    """This jaxlake's command: the script beside this interpreter, else
+    `python -m jaxlake`."""
+    script = Path(sys.executable).parent / "jaxlake"
+    if os.access(script, os.X_OK):
+        return [str(script)]
+    return [sys.executable, "-m", "jaxlake"]
+
+
+def command(spec: Spec, trace: str, scratch: str = "{tmp}",
+            python: str = "python") -> List[str]:
+    """The command line that records `spec` into the file `trace`; its
+    environment is _env's (JAX_PLATFORMS=cpu for the recorder,
+    XLA_FLAGS=FAKE_GPU_XLA_FLAGS on the fake GPU)."""
+    args = [a.replace("{tmp}", scratch) for a in spec.args]
+    example = os.path.join("examples", spec.script)
+    if spec.engine == FAKE_GPU:
+        return [*_jaxlake(), "run", "--quiet", "--fake-gpu", "--trace",
+                trace, "--", python, example, "--no-progress", *args]
+    if spec.engine != RECORDER:
+        raise ValueError(f"{spec.name}: unknown engine {spec.engine!r}")
+    return [python, example, "--no-progress", "--no-jaxlake", *args,
+            "--trace", trace, "--trace-name", spec.name]
+
+
+def shown(spec: Spec) -> str:
+    """`spec`'s command as --list prints it: a shell line run from the
+    repository's root, its environment first."""
+    env = (f"XLA_FLAGS={FAKE_GPU_XLA_FLAGS}" if spec.engine == FAKE_GPU
+           else "JAX_PLATFORMS=cpu")
+    line = command(spec, f"{spec.name}.jsonl.gz")
+    if spec.engine == FAKE_GPU:
+        line[:len(_jaxlake())] = ["jaxlake"]
+    return f"{env} {shlex.join(line)}"
+
+
 def _env(spec: Spec, cache: Optional[str]) -> Dict[str, str]:
     env = dict(os.environ)
+    if spec.engine == FAKE_GPU:
+        # XLA's GPU client on the fake device, every run compiled afresh.
+        env.pop("JAX_PLATFORMS", None)
+        env["XLA_FLAGS"] = FAKE_GPU_XLA_FLAGS
+        env["JAX_ENABLE_COMPILATION_CACHE"] = "false"
+        return env
     env["JAX_PLATFORMS"] = "cpu"
     env.pop("XLA_FLAGS", None)
     if cache and "--trace-per-tensor" not in spec.args:
@@ -232,10 +298,7 @@ def build_one(spec: Spec, out: Path, verbose: bool,
         partial = Path(tmp) / final.name
         scratch = Path(tmp) / "scratch"
         scratch.mkdir()
-        args = [a.replace("{tmp}", str(scratch)) for a in spec.args]
-        cmd = [sys.executable, str(EXAMPLES / spec.script), "--no-progress",
-               "--no-jaxlake", *args, "--trace", str(partial),
-               "--trace-name", spec.name]
+        cmd = command(spec, str(partial), str(scratch), sys.executable)
         started = time.perf_counter()
         done = subprocess.run(cmd, env=_env(spec, cache), capture_output=True,
                               text=True, cwd=str(ROOT))
@@ -246,7 +309,10 @@ def build_one(spec: Spec, out: Path, verbose: bool,
                 f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
         if verbose:
             print(done.stdout.strip(), flush=True)
-        shutil.move(str(partial), final)
+        if spec.engine == FAKE_GPU:
+            _name_shim_trace(partial, final, spec)
+        else:
+            shutil.move(str(partial), final)
     events = 0
     with gzip.open(final, "rt", encoding="utf-8") as f:
         header = json.loads(f.readline())
@@ -255,6 +321,21 @@ def build_one(spec: Spec, out: Path, verbose: bool,
     return {"name": spec.name, "file": final.name, "events": events,
             "bytes": final.stat().st_size, "seconds": round(seconds, 1),
             "params": header.get("meta", {}).get("params")}
+
+
+def _name_shim_trace(partial: Path, final: Path, spec: Spec) -> None:
+    """Writes the shim's trace `partial` to `final` under the spec's name
+    (the shim names every trace "shim"), its meta saying what ran; the
+    events and the shim's own meta are kept."""
+    from jaxlake._src.trace import tracefile
+    trace = tracefile.read_trace(str(partial))
+    if len(trace) == 0:
+        raise RuntimeError(f"{spec.name}: the shim's trace holds no "
+                           "allocation: the lake served nothing")
+    trace.meta.update({"example": spec.script, "engine": FAKE_GPU,
+                       "args": list(spec.args),
+                       "xla_flags": FAKE_GPU_XLA_FLAGS})
+    tracefile.write_jsonl(trace, str(final), name=spec.name)
 
 
 def select(patterns: Optional[List[str]],
@@ -293,7 +374,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                              "tuned on) instead of the suite; needs --out")
     parser.add_argument("--workloads", action="store_true",
                         help="build the workloads group (serving, kept "
-                             "outputs, a temp arena) instead of the suite, "
+                             "outputs, a temp arena, offloading) instead of "
+                             "the suite, "
                              "into its own folder")
     args = parser.parse_args(argv)
     sets = [f for f, on in (("--per-tensor", args.per_tensor),
@@ -308,6 +390,7 @@ def main(argv: Optional[List[str]] = None) -> int:
     if args.list:
         for s in specs:
             print(f"{s.name:38} {s.script:18} {s.about}")
+            print(f"    {shown(s)}")
         if not apart and not args.workloads:
             for name, about in KEPT.items():
                 print(f"{name:38} {'(kept)':18} {about}")

@@ -210,6 +210,11 @@ void CountGraphNode(int type, std::size_t bytes);
 // space reserved (negative: freed) and `mappings` made (negative:
 // unmapped); the stats file reports their current values and peaks.
 void CountVmm(std::int64_t reserved, std::int64_t mappings);
+// Page-locked host memory the driver allocated (memory_alloc.cc:
+// cuMemHostAlloc, cuMemAllocHost): `bytes` allocated (negative: freed by
+// cuMemFreeHost); the stats file reports the bytes and regions held, now
+// and at their peak.
+void CountHostAlloc(std::int64_t bytes);
 
 // The current device of the calling thread (its current context), or -1.
 int CurrentDevice();

@@ -183,6 +183,7 @@ FAKE cuMemHostAlloc(void** pp, std::size_t size, unsigned int /*flags*/) {
   Driver& d = D();
   std::lock_guard<std::mutex> lock(d.mu);
   d.host_allocs[v] = size;
+  fg::CountHostAlloc(static_cast<std::int64_t>(size));
   *pp = p;
   return CUDA_SUCCESS;
 }
@@ -202,6 +203,7 @@ FAKE cuMemFreeHost(void* p) {
     size = it->second;
     d.host_allocs.erase(it);
   }
+  fg::CountHostAlloc(-static_cast<std::int64_t>(size));
   fg::RemoveRange(reinterpret_cast<std::uintptr_t>(p));
   fg::UnmapAnonymous(p, size);
   return CUDA_SUCCESS;

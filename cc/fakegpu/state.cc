@@ -139,6 +139,10 @@ struct Counters {
   // VMM address space reserved and live mappings, now and at their peak.
   std::int64_t vmm_reserved = 0, vmm_reserved_peak = 0;
   std::int64_t vmm_mappings = 0, vmm_mappings_peak = 0;
+  // Page-locked host memory from cuMemHostAlloc: bytes and regions held,
+  // now and at their peak.
+  std::int64_t host_bytes = 0, host_bytes_peak = 0;
+  std::int64_t host_regions = 0, host_regions_peak = 0;
   // Faults armed while the program runs (jaxlake_fakegpu_fail_call): by
   // entry point, the call numbers that fail and their codes.
   std::map<std::string, std::map<std::uint64_t, int>> armed;
@@ -189,6 +193,12 @@ void WriteStats() {
                static_cast<long long>(c.vmm_reserved_peak),
                static_cast<long long>(c.vmm_mappings),
                static_cast<long long>(c.vmm_mappings_peak));
+  std::fprintf(f, ", \"host\": {\"bytes\": %lld, \"bytes_peak\": %lld, "
+               "\"regions\": %lld, \"regions_peak\": %lld}",
+               static_cast<long long>(c.host_bytes),
+               static_cast<long long>(c.host_bytes_peak),
+               static_cast<long long>(c.host_regions),
+               static_cast<long long>(c.host_regions_peak));
   std::fprintf(f, ", \"bytes\": {\"memset_written\": %llu, "
                "\"memset_dropped\": %llu, \"copy_written\": %llu, "
                "\"copy_dropped\": %llu}}\n",
@@ -228,6 +238,15 @@ void CountVmm(std::int64_t reserved, std::int64_t mappings) {
   c.vmm_mappings += mappings;
   c.vmm_reserved_peak = std::max(c.vmm_reserved_peak, c.vmm_reserved);
   c.vmm_mappings_peak = std::max(c.vmm_mappings_peak, c.vmm_mappings);
+}
+
+void CountHostAlloc(std::int64_t bytes) {
+  Counters& c = C();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.host_bytes += bytes;
+  c.host_regions += bytes < 0 ? -1 : 1;
+  c.host_bytes_peak = std::max(c.host_bytes_peak, c.host_bytes);
+  c.host_regions_peak = std::max(c.host_regions_peak, c.host_regions);
 }
 
 const Options& Opts() {
