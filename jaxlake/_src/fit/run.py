@@ -613,9 +613,10 @@ def format_report(report: FitReport) -> str:
     lines = [
         f"jaxlake fit: largest {v} on {report.gpu.name} "
         f"({size(report.gpu.memory)}; capacity {report.fraction:g} of it"
-        + (f", jaxlake's {report.lake_share:g} (no fraction set: the lake "
-           "grows into the device as XLA's cuda_async pool does)"
-           if report.lake_share is not None else "")
+        + ((", jaxlake all of it" if report.lake_share == 1.0 else
+            f", jaxlake {report.lake_share:g} of it")
+           + " (no fraction set: the lake grows into the device as XLA's "
+           "cuda_async pool does)" if report.lake_share is not None else "")
         + (", less the memory XLA takes outside its pool"
            if report.outside_pool is not None else "")
         + ")" + devices + ", engine " + report.engine]
