@@ -232,6 +232,11 @@ TEST(memory_pressure_takes_back_the_lakes_cached_memory) {
                CUDA_SUCCESS);
     CHECK_EQ(cu.MemFreeAsync(held, s), CUDA_SUCCESS);
   }
+  // The exit report sums them.
+  const std::string report = ApiString(
+      Api<decltype(jaxlake_shim_exit_report)>("jaxlake_shim_exit_report"));
+  CHECK(report.find("memory pressure: ") != std::string::npos);
+  CHECK(report.find(" of cached memory and ") != std::string::npos);
   Drain();
 }
 
