@@ -57,12 +57,12 @@
 // told) release its cached memory, what empty_cache() releases and never
 // live memory, once the frees of that memory are complete on their streams
 // (Lake::release_cached waits for them), and is tried once more when that
-// gave bytes back. A lake
-// may hold the whole device (options.h), so cuBLAS, cuDNN, NCCL and other
-// pools of the process get back the room the lake keeps cached. Not under
-// stream capture (the calling thread's, or the request's stream), where
-// the lake's own driver calls are prohibited. Counted per hook as
-// `pressure`, `pressure_ok` and `pressure_bytes`.
+// gave bytes back. A lake may hold the whole device (options.h), so
+// cuBLAS, cuDNN, NCCL and other pools of the process get back the room the
+// lake keeps cached. Not under stream capture (the calling thread's, or
+// the request's stream), where the lake's own driver calls are
+// prohibited. Counted per hook as `pressure`, `pressure_ok` and
+// `pressure_bytes`.
 //
 // No C++ exception leaves these functions: each body runs inside a
 // catch-all that turns one into CUDA_ERROR_UNKNOWN.
