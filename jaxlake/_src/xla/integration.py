@@ -639,7 +639,9 @@ def stats(device: Optional[int] = None) -> Stats:
 
 
 def hook_counts() -> Dict[str, Dict[str, int]]:
-    """Calls of the hooked driver entry points (served/forwarded/failed)."""
+    """Calls of the hooked driver entry points (served/forwarded/failed,
+    and for the allocating ones the memory given back under pressure:
+    pressure/pressure_ok/pressure_bytes)."""
     shim = _loaded_shim()
     return shim.hooks() if shim is not None else {}
 
