@@ -101,9 +101,10 @@ def test_traces_are_shared_and_failures_classified(tmp_path: Path) -> None:
     calls: List[int] = []
     vary = Vary("n", 2, 16)
     values = search.grid(vary, "linear", 2)
+    # (every policy held to XLA's share: like with like)
     report = run.fit(["prog", "--n", "{n}"], vary, values,
                      engine.Gpu.parse("64MiB"), ["jaxlake", "bfc", "torch"],
-                     make_trace=_fragmenting(tmp_path, calls))
+                     fraction=0.75, make_trace=_fragmenting(tmp_path, calls))
     # each value's trace made once, whatever the number of policies
     assert len(calls) == len(set(calls))
     assert sorted(calls) == sorted(t.value for t in report.traces)
@@ -138,8 +139,9 @@ def test_json_schema(tmp_path: Path) -> None:
     vary = Vary("n", 2, 16)
     report = run.fit(["prog", "{n}"], vary, search.grid(vary, "linear", 2),
                      engine.Gpu.parse("64MiB"), ["jaxlake", "bfc"],
-                     make_trace=_fragmenting(tmp_path, []))
+                     fraction=0.75, make_trace=_fragmenting(tmp_path, []))
     data = json.loads(json.dumps(report.to_json()))
+    assert data["fraction"] == 0.75 and data["lake_share"] is None
     assert data["format"] == "jaxlake-fit" and data["version"] == 2
     assert data["gpu"] == {"name": "64 MiB", "memory": 64 * MIB,
                            "devices": 1}
@@ -162,9 +164,16 @@ def test_json_schema(tmp_path: Path) -> None:
 def test_capacity_rules() -> None:
     names = ["jaxlake", "bfc"]
     g = 80 << 30
-    assert run.capacities(g, names) == {"jaxlake": 60 << 30,
+    # no fraction: XLA's 0.75 for the others, the whole device for the
+    # lake (it grows into it as XLA's cuda_async pool does)
+    assert run.capacities(g, names) == {"jaxlake": 80 << 30,
                                         "bfc": 60 << 30}
-    assert run.capacities(g, names, fraction=0.5)["bfc"] == 40 << 30
+    assert run.lake_share() == 1.0
+    # a fraction (--fraction, XLA_CLIENT_MEM_FRACTION) holds them all
+    assert run.capacities(g, names, fraction=0.5) == {"jaxlake": 40 << 30,
+                                                      "bfc": 40 << 30}
+    assert run.capacities(g, names, fraction=0.75)["jaxlake"] == 60 << 30
+    assert run.lake_share(0.75) is None
     # the lake's own capacity option is jaxlake's (bytes or a fraction)
     assert run.capacities(g, names, lake_capacity=0.9) == {
         "jaxlake": 72 << 30, "bfc": 60 << 30}
@@ -173,6 +182,7 @@ def test_capacity_rules() -> None:
     # memory outside the pool comes off every capacity, in whole granules
     out = run.capacities(g, names, outside=3 * MIB)
     assert out["bfc"] == (60 << 30) - 4 * MIB
+    assert out["jaxlake"] == (80 << 30) - 4 * MIB
 
 
 def test_outside_pool_from_the_trace_header() -> None:
@@ -201,17 +211,20 @@ def test_each_value_has_its_own_outside_pool(tmp_path: Path) -> None:
                      engine.Gpu.parse("64MiB"), ["jaxlake"], make_trace=make)
     lake = report.policy("jaxlake")
     assert lake is not None
-    # n MiB fits in 48 - 4n MiB (granules of 2 MiB) up to n = 9
-    assert lake.largest == 9
-    assert lake.next_failure is not None and lake.next_failure.value == 10
-    assert lake.next_failure.capacity == 8 * MIB
-    assert report.capacity["jaxlake"] == 44 * MIB  # n=1's: 48 - 4
+    # No fraction: the lake's capacity is the whole 64 MiB device. n MiB
+    # fits in 64 - 4n MiB (granules of 2 MiB) up to n = 12
+    assert report.lake_share == 1.0
+    assert lake.largest == 12
+    assert lake.next_failure is not None and lake.next_failure.value == 13
+    assert lake.next_failure.capacity == 12 * MIB
+    assert "jaxlake all of it (no fraction set" in run.format_report(report)
+    assert report.capacity["jaxlake"] == 60 * MIB  # n=1's: 64 - 4
     assert report.outside_pool == max(t.outside_pool or 0
                                       for t in report.traces)
     data = report.to_json()
     assert data["outside_pool"] == report.outside_pool
-    assert {t["value"]: t["outside_pool"] for t in data["traces"]}[9] == \
-        36 * MIB
+    assert {t["value"]: t["outside_pool"] for t in data["traces"]}[12] == \
+        48 * MIB
     text = run.format_report(report)
     assert "memory outside XLA's pool: 4 MiB to " in text
     assert "subtracted from every capacity" in text
@@ -308,6 +321,7 @@ def test_recorder_engine_on_the_tiny_lm(tmp_path: Path) -> None:
     done = _jaxlake(
         "fit", "--gpu", "96MiB", "--vary", "batch=32..64",
         "--engine", "recorder", "--traces", str(tmp_path / "traces"),
+        "--fraction", "0.75",
         "--json", str(out), "--policies", "jaxlake,bfc,xla-vmm", "--",
         sys.executable, str(EXAMPLES / "train_lm.py"), "--preset", "tiny",
         "--batch", "{batch}", "--steps", "2", "--compile-only",
@@ -364,11 +378,12 @@ def test_recorder_traces_serve_every_gpu(tmp_path: Path) -> None:
                     ["jaxlake"], engine="recorder", traces_dir=traces)
     made = sorted(os.listdir(traces))
     lake = first.policy("jaxlake")
-    assert lake is not None and lake.largest == 1 << 15  # 32 GiB of 60
+    # (no fraction: the lake's capacity is the whole device)
+    assert lake is not None and lake.largest == 1 << 16  # 64 GiB of 80
     second = run.fit(argv, vary, values, engine.Gpu.parse("h200"),
                      ["jaxlake"], engine="recorder", traces_dir=traces)
     lake = second.policy("jaxlake")
-    assert lake is not None and lake.largest == 1 << 16  # 64 of 105.75 GiB
+    assert lake is not None and lake.largest == 1 << 17  # 128 of 141 GiB
     assert {t.value for t in first.traces} & {t.value for t in second.traces}
     # only the values the H100's search did not try were recorded again
     new = sorted(set(os.listdir(traces)) - set(made))
@@ -386,12 +401,14 @@ SCRIPT = N_MIB_PROGRAM
 def _fit_script_on_the_fake_gpu(
         tmp_path: Path, text: str
 ) -> "Tuple[subprocess.CompletedProcess[str], Dict[str, Any]]":
-    """`jaxlake fit` (fake GPU, a 256 MiB device, jaxlake and bfc) over the
-    script `text`, which takes n; its run and its JSON report."""
+    """`jaxlake fit` (fake GPU, a 256 MiB device, every policy held to
+    0.75 of it, jaxlake and bfc) over the script `text`, which takes n;
+    its run and its JSON report."""
     script = tmp_path / "user.py"
     script.write_text(text)
     out = tmp_path / "fit.json"
     done = _jaxlake("fit", "--gpu", "256MiB", "--vary", "n=16..512",
+                    "--fraction", "0.75",
                     "--json", str(out), "--policies", "jaxlake,bfc", "--",
                     sys.executable, str(script), "{n}", timeout=120)
     assert done.returncode == 0, done.stderr[-3000:]
@@ -424,7 +441,8 @@ def test_fake_gpu_engine_on_the_tiny_lm(tmp_path: Path) -> None:
     out = tmp_path / "fit.json"
     done = _jaxlake(
         "fit", "--gpu", "256MiB", "--vary", "batch=64..128", "--json",
-        str(out), "--policies", "jaxlake,bfc", "--", sys.executable,
+        str(out), "--fraction", "0.75", "--policies", "jaxlake,bfc", "--",
+        sys.executable,
         str(EXAMPLES / "train_lm.py"), "--preset", "tiny", "--dtype",
         "float32", "--attention", "xla", "--batch", "{batch}", "--steps",
         "2", "--no-progress", timeout=300,
@@ -592,7 +610,7 @@ def test_several_devices_are_fitted_device_by_device(tmp_path: Path) -> None:
     vary = Vary("n", 1, 64)
     gpu = dataclasses.replace(engine.Gpu.parse("64MiB"), count=2)
     report = run.fit(["prog", "{n}"], vary, search.grid(vary), gpu,
-                     ["jaxlake", "bfc"], make_trace=make)
+                     ["jaxlake", "bfc"], fraction=0.75, make_trace=make)
     for name in ("jaxlake", "bfc"):
         f = report.policy(name)
         assert f is not None and f.largest == 32, name

@@ -55,7 +55,7 @@ def test_real_runs_are_verdicts_shared_and_jax_default_comes_first(
     report = run.fit(["prog", "{n}"], vary, values,
                      engine.Gpu.parse("64MiB"),
                      ["jaxlake", "bfc", "real:jaxlake", "real:jax-default",
-                      "real:bfc", "real:bfc-growth"],
+                      "real:bfc", "real:bfc-growth"], fraction=0.75,
                      make_trace=_traces(tmp_path),
                      real_run=_runs(16, calls, lake=64))
     # Each real policy's verdict is its runs': 16 fits, 32 does not.

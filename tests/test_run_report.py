@@ -286,8 +286,8 @@ def test_memory_stats_under_the_lake_has_its_capacity_and_figures() -> None:
     assert "after the step: " in proc.stdout
     assert BFC_KEYS <= set(stats), sorted(stats)
     gauges = raw["gauges"]
-    # XLA's default memory fraction of the fake H100's 80 GiB.
-    assert stats["bytes_limit"] == raw["capacity"] == 60 << 30
+    # No capacity or fraction set: the fake H100's whole 80 GiB.
+    assert stats["bytes_limit"] == raw["capacity"] == 80 << 30
     assert stats["bytes_in_use"] == gauges["bytes_in_use"]["current"] > 0
     assert stats["peak_bytes_in_use"] == gauges["bytes_in_use"]["peak"]
     assert stats["bytes_reserved"] == stats["pool_bytes"] \

@@ -177,8 +177,12 @@ CHUNK = 2 << 20
 
 @NEEDS_SHIM
 @pytest.mark.parametrize("kwargs,xla_fraction,expected", [
-    ("", None, int(FAKE_DEVICE_BYTES * 0.75) // CHUNK * CHUNK),
+    # No capacity or fraction: the whole device, as XLA's cuda_async pool
+    # may take; preallocating, XLA's default 0.75.
+    ("", None, FAKE_DEVICE_BYTES),
+    ("preallocate=True", None, int(FAKE_DEVICE_BYTES * 0.75) // CHUNK * CHUNK),
     ("", "0.5", FAKE_DEVICE_BYTES // 2),
+    ("preallocate=True", "0.5", FAKE_DEVICE_BYTES // 2),
     ("capacity=0.25", None, FAKE_DEVICE_BYTES // 4),
     # An explicit lake capacity wins over XLA's fraction.
     ("capacity='64MiB'", "0.5", 64 << 20),
@@ -186,11 +190,12 @@ CHUNK = 2 << 20
 ])
 @pytest.mark.parametrize("variable", ["XLA_CLIENT_MEM_FRACTION",
                                       "XLA_PYTHON_CLIENT_MEM_FRACTION"])
-def test_default_capacity_is_xla_memory_fraction(
+def test_capacity_rule_of_python_and_shim(
         fake_driver: str, kwargs: str, xla_fraction: Optional[str],
         expected: int, variable: str) -> None:
     """jaxlib reads XLA_CLIENT_MEM_FRACTION, else its deprecated spelling
-    XLA_PYTHON_CLIENT_MEM_FRACTION: the lake (Python and shim) too."""
+    XLA_PYTHON_CLIENT_MEM_FRACTION: the lake (Python and shim) too, as a
+    hard cap; without one a growing lake may take the whole device."""
     env = driver_env(fake_driver)
     if xla_fraction is not None:
         env[variable] = xla_fraction
@@ -227,6 +232,10 @@ def test_both_xla_memory_fractions_are_refused() -> None:
         xla.capacity_rule({}, {"XLA_CLIENT_MEM_FRACTION": "1.5"})
     # An explicit lake capacity needs no fraction at all.
     assert xla.capacity_rule({"capacity": 1 << 20}, both)[0] == 1 << 20
+    # Neither: the whole device, or XLA's 0.75 for a preallocating lake.
+    assert xla.capacity_rule({}, {}) == (None, 1.0, xla.WHOLE_DEVICE)
+    assert xla.capacity_rule({"preallocate": True}, {})[:2] == (None, 0.75)
+    assert xla.effective_capacity({}, (1 << 30) + 5, environ={}) == 1 << 30
 
 
 @NEEDS_SHIM
@@ -271,6 +280,13 @@ def test_doctor_shows_the_effective_capacity(fake_driver: str) -> None:
                          text=True, timeout=180, cwd="/").stdout
     assert "capacity:              256 MiB (from the capacity option)" in out
     assert "lake capacity 256 MiB" in out, out
+    env.pop("JAXLAKE_CAPACITY")
+    out = subprocess.run([sys.executable, "-m", "jaxlake", "doctor",
+                          "--no-jax"], env=env, capture_output=True,
+                         text=True, timeout=180, cwd="/").stdout
+    assert "capacity:              the whole device (no capacity or " \
+        "memory fraction set" in out, out
+    assert "lake capacity 1.00 GiB" in out, out
 
 
 # -- defect: options given to configure() after the shim was loaded -------------
@@ -319,7 +335,7 @@ def test_configure_under_jaxlake_run_with_other_options_raises(
 
 @NEEDS_SHIM
 @pytest.mark.parametrize("flags,expected", [
-    ("", int(FAKE_DEVICE_BYTES * 0.75) // CHUNK * CHUNK),
+    ("", FAKE_DEVICE_BYTES),
     ("--jaxlake_capacity=0.5", FAKE_DEVICE_BYTES // 2),
     ("--jaxlake_capacity=96MiB", 96 << 20),
 ])
@@ -454,7 +470,7 @@ def test_configure_does_not_initialise_cuda(fake_driver: str) -> None:
     assert "CALLS cuDriverGetVersion 1" in out
     assert "CALLS cuDeviceGetCount 0" in out
     assert "CHILD 0" in out
-    assert f"CAP {int(FAKE_DEVICE_BYTES * 0.75) // CHUNK * CHUNK}" in out
+    assert f"CAP {FAKE_DEVICE_BYTES}" in out
 
 
 def test_startup_hook_imports_nothing_heavy() -> None:
@@ -568,12 +584,16 @@ def test_xla_compiles_for_the_lakes_capacity() -> None:
     under the lake (cuda_async, no preallocation) its limit is about 0.8
     of the device times the slop factor, so the lake sets the factor that
     gives the same limit for its capacity (docs/results/fit.md, "Real
-    runs"), and leaves a factor the program set, or a capacity in bytes,
+    runs"), and leaves a factor the program set, a capacity in bytes, or
+    the whole device by default (XLA compiles as under cuda_async then),
     alone."""
     assert xla.slop_factor(0.75) == 89
     assert xla.slop_factor(0.5) == 59
-    assert xla.with_memory_limit("", {}, {}) == \
+    assert xla.with_memory_limit("", {}, {}) == ""
+    assert xla.with_memory_limit("", {"preallocate": True}, {}) == \
         "--xla_gpu_memory_limit_slop_factor=89"
+    assert xla.with_memory_limit("", {}, {"XLA_CLIENT_MEM_FRACTION": "0.75"}) \
+        == "--xla_gpu_memory_limit_slop_factor=89"
     assert xla.with_memory_limit(
         "--xla_gpu_autotune_level=0", {},
         {"XLA_CLIENT_MEM_FRACTION": "0.5"}) == \
@@ -593,12 +613,19 @@ def test_jaxlake_run_and_configure_set_the_memory_limit(
            "XLA_CLIENT_MEM_FRACTION": "0.5"}
     out = xla_cli.run_environment(env, None)
     assert "--xla_gpu_memory_limit_slop_factor=59" in out["XLA_FLAGS"]
-    result = run_python("""
+    code = """
         import os, jaxlake
         assert jaxlake.configure().active
-        print("FLAGS", os.environ["XLA_FLAGS"])
-    """, {**driver_env(fake_driver),
-          "XLA_FLAGS": "--xla_gpu_autotune_level=0"})
+        print("FLAGS", os.environ["XLA_FLAGS"] + ".")
+    """
+    result = run_python(code, {**driver_env(fake_driver),
+                               "XLA_FLAGS": "--xla_gpu_autotune_level=0",
+                               "XLA_CLIENT_MEM_FRACTION": "0.75"})
     assert result.returncode == 0, result.stderr
     assert "FLAGS --xla_gpu_autotune_level=0 " \
-        "--xla_gpu_memory_limit_slop_factor=89" in result.stdout
+        "--xla_gpu_memory_limit_slop_factor=89." in result.stdout
+    # The whole device by default: XLA's own limit, as under cuda_async.
+    result = run_python(code, {**driver_env(fake_driver),
+                               "XLA_FLAGS": "--xla_gpu_autotune_level=0"})
+    assert result.returncode == 0, result.stderr
+    assert "FLAGS --xla_gpu_autotune_level=0." in result.stdout

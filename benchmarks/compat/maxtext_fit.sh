@@ -26,6 +26,7 @@ for n in $DEVICES; do
   start=$(date +%s)
   PATH="$VENV/bin:$PATH" XLA_FLAGS="--xla_gpu_autotune_level=0" \
     "$VENV/bin/jaxlake" fit --gpu h100 --devices "$n" --vary "$VARY" \
+    --fraction 0.75 \
     --policies "$POLICIES" --traces "$FIT/traces-$n" --json "$FIT/fit-$n$TAG.json" \
     -- python -m maxtext.trainers.pre_train.train "$cfg" \
     model_name=qwen2.5-1.5b hardware=gpu attention=dot_product \

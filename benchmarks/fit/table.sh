@@ -42,7 +42,11 @@ row() {  # name "NAME=LO..HI [--step S]" command...
   if [ -n "$rows" ] && [[ " $rows " != *" $name "* ]]; then return; fi
   for gpu in ${GPUS:-h100 h200}; do
     echo "== $name on $gpu ($engine)" >&2
+    # (--fraction 0.75: every policy, the lake too, held to JAX's default
+    # share, like with like; without it the lake's model gets the whole
+    # device, as the lake does under `jaxlake run` with no fraction set)
     $py -m jaxlake fit --gpu "$gpu" --vary $vary --engine "$engine" \
+      --fraction 0.75 \
       --traces "$out/traces" --json "$out/$name-$gpu.json" -- "$@" \
       > "$out/$name-$gpu.txt"
   done

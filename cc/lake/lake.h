@@ -232,6 +232,13 @@ class Lake {
   // empty_cache(), under memory pressure and at destruction; last_error()
   // tells what failed.
   std::size_t empty_cache(vmm::Status* status = nullptr);
+  // empty_cache() once the streams' pending frees are known complete: it
+  // first records an event after every stream's frees and waits for them
+  // (lock released), as the lake's own reclaim does, so that memory freed
+  // on a stream whose queued work has not been seen to finish is released
+  // too. Blocks until that work ran. For memory pressure from outside the
+  // lake (the shim, when another allocation finds the device full).
+  std::size_t release_cached();
 
   // Validates every invariant. Returns an empty string when all hold, else a
   // description of the first broken one.

@@ -265,4 +265,18 @@ std::size_t Lake::empty_cache(Status* status) {
   return released;
 }
 
+std::size_t Lake::release_cached() {
+  Impl& m = *impl_;
+  {
+    MutexLock lk(m.mu);
+    m.clock.Advance();
+    if (m.small.HasDeferred()) {
+      m.FlushDeferredSmall();
+      m.clock.Advance();
+    }
+    m.WaitStreams(lk);
+  }
+  return empty_cache();
+}
+
 }  // namespace jaxlake

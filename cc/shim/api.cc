@@ -86,7 +86,11 @@ std::string HooksJson(Lakes& lakes) {
            ", \"failed\": " + std::to_string(c.failed.load()) +
            ", \"captured\": " + std::to_string(c.captured.load()) +
            ", \"forwarded_bytes\": " +
-           std::to_string(c.forwarded_bytes.load()) + "}";
+           std::to_string(c.forwarded_bytes.load()) +
+           ", \"pressure\": " + std::to_string(c.pressure.load()) +
+           ", \"pressure_ok\": " + std::to_string(c.pressure_ok.load()) +
+           ", \"pressure_bytes\": " +
+           std::to_string(c.pressure_bytes.load()) + "}";
   }
   return out + "}";
 }

@@ -49,6 +49,21 @@
 // callers that look entry points up by name (cudart, cuBLAS, NCCL) reach
 // them too.
 //
+// Memory pressure. A forwarded device allocation the driver refuses with
+// CUDA_ERROR_OUT_OF_MEMORY (cuMemAlloc_v2, cuMemAllocPitch_v2,
+// cuMemAllocAsync, cuMemCreate of device memory, a forwarded
+// cuMemAllocFromPoolAsync) makes the lake of its device (the pool's, the
+// location's, else the current context's; every lake's when none can be
+// told) release its cached memory, what empty_cache() releases and never
+// live memory, once the frees of that memory are complete on their streams
+// (Lake::release_cached waits for them), and is tried once more when that
+// gave bytes back. A lake may hold the whole device (options.h), so
+// cuBLAS, cuDNN, NCCL and other pools of the process get back the room the
+// lake keeps cached. Not under stream capture (the calling thread's, or
+// the request's stream), where the lake's own driver calls are
+// prohibited. Counted per hook as `pressure`, `pressure_ok` and
+// `pressure_bytes`.
+//
 // No C++ exception leaves these functions: each body runs inside a
 // catch-all that turns one into CUDA_ERROR_UNKNOWN.
 #include <dlfcn.h>
@@ -100,6 +115,65 @@ template <typename F, typename... Args>
 CUresult Forward(Hook hook, F* fn, Args... args) {
   return Done(hook, false,
               fn != nullptr ? fn(args...) : cu::CUDA_ERROR_NOT_FOUND);
+}
+
+// Where a refused allocation asks for memory back: the device (-1: not
+// known) and whether a capture forbids the lake's driver calls.
+struct Pressure {
+  int device = -1;
+  bool capturing = false;
+};
+
+bool UnderCapture(CUstream stream, bool per_thread);
+bool ThreadCapturing();
+
+// Releases the cached memory of `p.device`'s lake (every lake's when the
+// device is not known), unless a capture forbids it. Returns the bytes the
+// lakes gave back.
+std::size_t GiveBack(const Pressure& p) {
+  if (p.capturing) return 0;
+  Lakes& lakes = Lakes::Get();
+  std::size_t released = 0;
+  for (int d : lakes.Devices()) {
+    if (p.device >= 0 && d != p.device) continue;
+    if (Lake* lake = lakes.Existing(d)) released += lake->release_cached();
+  }
+  return released;
+}
+
+// Forward() for an allocating entry point: a refusal for lack of memory
+// gives the lakes' cached memory back (GiveBack, with the Pressure
+// `where()` names, asked only then) and, when that released bytes, tries
+// once more.
+template <typename Where, typename F, typename... Args>
+CUresult ForwardAlloc(Hook hook, Where where, F* fn, Args... args) {
+  if (fn == nullptr) return Done(hook, false, cu::CUDA_ERROR_NOT_FOUND);
+  CUresult r = fn(args...);
+  if (r == cu::CUDA_ERROR_OUT_OF_MEMORY) {
+    const std::size_t released = GiveBack(where());
+    if (released > 0) {
+      HookCounter& c = Lakes::Get().counter(hook);
+      c.pressure.fetch_add(1, std::memory_order_relaxed);
+      c.pressure_bytes.fetch_add(released, std::memory_order_relaxed);
+      r = fn(args...);
+      if (r == cu::CUDA_SUCCESS)
+        c.pressure_ok.fetch_add(1, std::memory_order_relaxed);
+    }
+  }
+  return Done(hook, false, r);
+}
+
+// The Pressure of a request on `stream` made with the current context.
+auto OnStream(CUstream stream, bool per_thread) {
+  return [stream, per_thread] {
+    return Pressure{Lakes::Get().CurrentDevice(),
+                    UnderCapture(stream, per_thread)};
+  };
+}
+
+// The Pressure of a request with no stream, made with the current context.
+Pressure InContext() {
+  return Pressure{Lakes::Get().CurrentDevice(), ThreadCapturing()};
 }
 
 // Counts `bytes` of device memory taken outside every lake, known by `id`
@@ -264,10 +338,18 @@ CUresult AllocFromPool(bool per_thread, CUdeviceptr* dptr, std::size_t size,
   // is inactive, for the exit report).
   const int device = request ? lakes.DeviceOfPool(pool) : -1;
   DeviceCounter* per_device = lakes.device_counter(device);
+  // Known to be made under capture (no memory back under pressure then).
+  bool captured = false;
   auto forwarded = [&] {
     if (per_device != nullptr)
       per_device->forwarded.fetch_add(1, std::memory_order_relaxed);
-    return Outside(hook, Forward(hook, forward, dptr, size, pool, stream),
+    auto where = [&] {
+      return Pressure{device >= 0 ? device : lakes.CurrentDevice(),
+                      captured || UnderCapture(stream, per_thread)};
+    };
+    return Outside(hook,
+                   ForwardAlloc(hook, where, forward, dptr, size, pool,
+                                stream),
                    dptr, size);
   };
   if (!lakes.active() || !request) return forwarded();
@@ -278,6 +360,7 @@ CUresult AllocFromPool(bool per_thread, CUdeviceptr* dptr, std::size_t size,
   if (UnderCapture(stream, per_thread)) {
     CountCaptured(hook);
     per_device->captured.fetch_add(1, std::memory_order_relaxed);
+    captured = true;
     return forwarded();
   }
   const vmm::Stream s = LakeStream(stream, per_thread);
@@ -414,19 +497,37 @@ CUresult GetPointerAttributes(unsigned int count, int* attributes,
 
 // ---- allocations outside the pools ------------------------------------------------
 
+// cuMemAlloc_v2 (memory back under pressure) and cuMemAllocManaged (not:
+// managed memory is not held on the device the way a lake's is).
 template <typename F, typename... Args>
-CUresult AllocOutside(Hook hook, F* fn, CUdeviceptr* dptr, std::size_t bytes,
-                      Args... args) {
+CUresult AllocOutside(Hook hook, bool pressure, F* fn, CUdeviceptr* dptr,
+                      std::size_t bytes, Args... args) {
   Called(hook);
-  return Outside(hook, Forward(hook, fn, dptr, bytes, args...), dptr, bytes);
+  const CUresult r =
+      pressure ? ForwardAlloc(hook, InContext, fn, dptr, bytes, args...)
+               : Forward(hook, fn, dptr, bytes, args...);
+  return Outside(hook, r, dptr, bytes);
+}
+
+CUresult AllocAsync(bool per_thread, CUdeviceptr* dptr, std::size_t bytes,
+                    CUstream stream) {
+  const Hook hook =
+      per_thread ? Hook::cuMemAllocAsync_ptsz : Hook::cuMemAllocAsync;
+  Called(hook);
+  const RealApi& real = Real().api;
+  const CUresult r = ForwardAlloc(
+      hook, OnStream(stream, per_thread),
+      per_thread ? real.MemAllocAsync_ptsz : real.MemAllocAsync, dptr, bytes,
+      stream);
+  return Outside(hook, r, dptr, bytes);
 }
 
 CUresult AllocPitch(CUdeviceptr* dptr, std::size_t* pitch, std::size_t width,
                     std::size_t height, unsigned int element) {
   const Hook hook = Hook::cuMemAllocPitch_v2;
   Called(hook);
-  const CUresult r = Forward(hook, Real().api.MemAllocPitch_v2, dptr, pitch,
-                             width, height, element);
+  const CUresult r = ForwardAlloc(hook, InContext, Real().api.MemAllocPitch_v2,
+                                  dptr, pitch, width, height, element);
   return Outside(hook, r, dptr, pitch != nullptr ? *pitch * height : 0);
 }
 
@@ -442,11 +543,18 @@ CUresult Create(cu::CUmemGenericAllocationHandle* handle, std::size_t size,
                 const cu::CUmemAllocationProp* prop, unsigned long long flags) {
   const Hook hook = Hook::cuMemCreate;
   Called(hook);
-  const CUresult r =
-      Forward(hook, Real().api.MemCreate, handle, size, prop, flags);
   // Physical memory on a device (not pinned host memory).
-  if (r == cu::CUDA_SUCCESS && handle != nullptr && prop != nullptr &&
-      prop->location.type == cu::CU_MEM_LOCATION_TYPE_DEVICE && size > 0)
+  const bool on_device =
+      prop != nullptr && prop->location.type == cu::CU_MEM_LOCATION_TYPE_DEVICE;
+  auto where = [&] {
+    // Host memory: nothing a lake holds would help.
+    return on_device ? Pressure{prop->location.id, ThreadCapturing()}
+                     : Pressure{-1, true};
+  };
+  const CUresult r =
+      ForwardAlloc(hook, where, Real().api.MemCreate, handle, size, prop,
+                   flags);
+  if (r == cu::CUDA_SUCCESS && handle != nullptr && on_device && size > 0)
     CountOutside(hook, OutsideLedger::Key::kHandle,
                  static_cast<std::uintptr_t>(*handle), size);
   return r;
@@ -640,8 +748,8 @@ CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cuda_version,
 
 CUresult cuMemAlloc_v2(CUdeviceptr* dptr, std::size_t bytesize) {
   JAXLAKE_SHIM_GUARD(jaxlake::shim::AllocOutside(
-      jaxlake::shim::Hook::cuMemAlloc_v2, jaxlake::shim::Real().api.MemAlloc_v2,
-      dptr, bytesize))
+      jaxlake::shim::Hook::cuMemAlloc_v2, true,
+      jaxlake::shim::Real().api.MemAlloc_v2, dptr, bytesize))
 }
 
 CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, std::size_t* pitch,
@@ -654,22 +762,20 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, std::size_t* pitch,
 CUresult cuMemAllocManaged(CUdeviceptr* dptr, std::size_t bytesize,
                            unsigned int flags) {
   JAXLAKE_SHIM_GUARD(jaxlake::shim::AllocOutside(
-      jaxlake::shim::Hook::cuMemAllocManaged,
+      jaxlake::shim::Hook::cuMemAllocManaged, false,
       jaxlake::shim::Real().api.MemAllocManaged, dptr, bytesize, flags))
 }
 
 CUresult cuMemAllocAsync(CUdeviceptr* dptr, std::size_t bytesize,
                          CUstream stream) {
-  JAXLAKE_SHIM_GUARD(jaxlake::shim::AllocOutside(
-      jaxlake::shim::Hook::cuMemAllocAsync,
-      jaxlake::shim::Real().api.MemAllocAsync, dptr, bytesize, stream))
+  JAXLAKE_SHIM_GUARD(
+      jaxlake::shim::AllocAsync(false, dptr, bytesize, stream))
 }
 
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, std::size_t bytesize,
                               CUstream stream) {
-  JAXLAKE_SHIM_GUARD(jaxlake::shim::AllocOutside(
-      jaxlake::shim::Hook::cuMemAllocAsync_ptsz,
-      jaxlake::shim::Real().api.MemAllocAsync_ptsz, dptr, bytesize, stream))
+  JAXLAKE_SHIM_GUARD(
+      jaxlake::shim::AllocAsync(true, dptr, bytesize, stream))
 }
 
 CUresult cuMemFree_v2(CUdeviceptr dptr) {

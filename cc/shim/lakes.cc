@@ -182,6 +182,22 @@ int Lakes::DeviceOfPool(cuda::CUmemoryPool pool) {
   return -1;
 }
 
+int Lakes::CurrentDevice() const {
+  const RealApi& api = Real().api;
+  cuda::CUdevice current = 0;
+  if (api.CtxGetDevice == nullptr || api.DeviceGet == nullptr ||
+      api.CtxGetDevice(&current) != cuda::CUDA_SUCCESS)
+    return -1;
+  // A CUdevice is the driver's handle; the ordinal is the one that names it.
+  const int count = std::min(DeviceCount(), kMaxDevices);
+  for (int d = 0; d < count; ++d) {
+    cuda::CUdevice dev = 0;
+    if (api.DeviceGet(&dev, d) == cuda::CUDA_SUCCESS && dev == current)
+      return d;
+  }
+  return -1;
+}
+
 Lake* Lakes::Existing(int device) const {
   if (device < 0 || device >= kMaxDevices) return nullptr;
   DeviceLake* dl = lakes_[static_cast<std::size_t>(device)].load(
@@ -207,11 +223,8 @@ Lake* Lakes::LakeFor(int device) {
   }
   LakeOptions lake_options = options_.lake;
   // JAXLAKE_CAPACITY_FRACTION, else JAXLAKE_CAPACITY, else XLA's memory
-  // fraction (options.h).
-  const double fraction = options_.capacity_fraction > 0.0
-                              ? options_.capacity_fraction
-                          : lake_options.capacity == 0 ? options_.xla_fraction
-                                                       : 0.0;
+  // fraction, else the whole device (0.75 preallocating): options.h.
+  const double fraction = CapacityFraction(options_);
   if (driver != nullptr && fraction > 0.0) {
     // A share of this device's memory, in whole granules.
     const std::size_t gran = driver->granularity();
@@ -389,6 +402,20 @@ std::string Lakes::ExitReport() {
   if (elsewhere > 0)
     out += "  other pools: " + std::to_string(elsewhere) +
            " allocations forwarded to the CUDA driver\n";
+  // Forwarded allocations that found the device full and made the lakes
+  // give back their cached memory (hooks.cc).
+  std::uint64_t pressure = 0, pressure_ok = 0, pressure_bytes = 0;
+  for (int h = 0; h < kNumHooks; ++h) {
+    const HookCounter& c = counters_[static_cast<std::size_t>(h)];
+    pressure += c.pressure.load();
+    pressure_ok += c.pressure_ok.load();
+    pressure_bytes += c.pressure_bytes.load();
+  }
+  if (pressure > 0)
+    out += "  memory pressure: " + std::to_string(pressure) +
+           " forwarded allocations found the device full; the lakes gave "
+           "back " + FormatBytes(pressure_bytes) + " of cached memory and " +
+           std::to_string(pressure_ok) + " then succeeded\n";
   return out;
 }
 

@@ -56,6 +56,13 @@ struct HookCounter {
   // Device bytes of the successful allocations passed on to the driver
   // (allocating entry points only; a running total, frees not subtracted).
   std::atomic<std::uint64_t> forwarded_bytes{0};
+  // Forwarded allocations the driver refused for lack of memory, after
+  // which the shim released the lakes' cached memory and tried once more
+  // (hooks.cc, "memory pressure"): the tries, those that then succeeded,
+  // and the physical bytes the lakes gave back for them.
+  std::atomic<std::uint64_t> pressure{0};
+  std::atomic<std::uint64_t> pressure_ok{0};
+  std::atomic<std::uint64_t> pressure_bytes{0};
 };
 
 // Device memory taken outside the lakes through the shim: the allocations
@@ -119,6 +126,8 @@ class Lakes {
 
   // The ordinal of the device whose default pool is `pool`, or -1.
   int DeviceOfPool(cuda::CUmemoryPool pool);
+  // The ordinal of the calling thread's current context's device, or -1.
+  int CurrentDevice() const;
   // The lake of `device`, created on first use; nullptr when the shim is
   // inactive or the lake cannot be made (the reason is kept, and printed
   // once to stderr).

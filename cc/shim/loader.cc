@@ -143,6 +143,7 @@ RealDriver* Load() {
     Resolve(r->handle, "cuDeviceGet", &a.DeviceGet);
     Resolve(r->handle, "cuDeviceGetDefaultMemPool",
             &a.DeviceGetDefaultMemPool);
+    Resolve(r->handle, "cuCtxGetDevice", &a.CtxGetDevice);
     Resolve(r->handle, "cuStreamIsCapturing", &a.StreamIsCapturing);
     Resolve(r->handle, "cuStreamIsCapturing_ptsz", &a.StreamIsCapturing_ptsz);
     Resolve(r->handle, "cuThreadExchangeStreamCaptureMode",

@@ -41,6 +41,7 @@ struct RealApi {
   CUresult (*DeviceGetCount)(int*);
   CUresult (*DeviceGet)(cuda::CUdevice*, int);
   CUresult (*DeviceGetDefaultMemPool)(cuda::CUmemoryPool*, cuda::CUdevice);
+  CUresult (*CtxGetDevice)(cuda::CUdevice*);
   CUresult (*StreamIsCapturing)(cuda::CUstream, int*);
   CUresult (*StreamIsCapturing_ptsz)(cuda::CUstream, int*);
   CUresult (*ThreadExchangeStreamCaptureMode)(int*);

@@ -151,4 +151,11 @@ std::string OptionsJson(const ShimOptions& o) {
   return out;
 }
 
+double CapacityFraction(const ShimOptions& o) {
+  if (o.capacity_fraction > 0.0) return o.capacity_fraction;
+  if (o.lake.capacity != 0) return 0.0;
+  if (o.xla_fraction > 0.0) return o.xla_fraction;
+  return o.lake.preallocate ? kXlaDefaultFraction : 1.0;
+}
+
 }  // namespace jaxlake::shim

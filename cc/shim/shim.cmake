@@ -123,7 +123,8 @@ if(JAXLAKE_BUILD_SHIM)
     set_tests_properties(cuda_conformance_test PROPERTIES TIMEOUT 120)
 
     add_executable(shim_test tests/shim/shim_test.cc
-      tests/shim/shim_hooks_test.cc tests/shim/shim_capture_test.cc)
+      tests/shim/shim_hooks_test.cc tests/shim/shim_capture_test.cc
+      tests/shim/shim_pressure_test.cc)
     target_include_directories(shim_test PRIVATE "${PROJECT_SOURCE_DIR}")
     target_link_libraries(shim_test PRIVATE ${CMAKE_DL_LIBS} Threads::Threads)
     target_compile_definitions(shim_test PRIVATE
@@ -143,6 +144,11 @@ if(JAXLAKE_BUILD_SHIM)
              COMMAND shim_test ${jaxlake_shim_forward_tests})
     add_test(NAME shim_test_bad_option
              COMMAND shim_test ${jaxlake_shim_forward_tests})
+    # No capacity: the lake may take the whole device.
+    set(jaxlake_shim_whole_device_tests capacity_follows beyond_what
+        memory_pressure)
+    add_test(NAME shim_test_whole_device
+             COMMAND shim_test ${jaxlake_shim_whole_device_tests})
     # A driver with cuInit alone: the names it lacks (the fake GPU has all).
     add_library(jaxlake_bare_driver SHARED tests/shim/bare_driver.cc)
     target_include_directories(jaxlake_bare_driver PRIVATE
@@ -159,7 +165,10 @@ if(JAXLAKE_BUILD_SHIM)
       ENVIRONMENT "JAXLAKE_SHIM_HOOKS=0")
     set_tests_properties(shim_test_bad_option PROPERTIES
       ENVIRONMENT "JAXLAKE_CAPACITY=64MiB")
+    set_tests_properties(shim_test_whole_device PROPERTIES
+      ENVIRONMENT "JAXLAKE_CAPACITY=0")
     set_tests_properties(shim_test shim_test_hooks_off shim_test_bad_option
-                         shim_test_bare_driver PROPERTIES TIMEOUT 120)
+                         shim_test_bare_driver shim_test_whole_device
+                         PROPERTIES TIMEOUT 120)
   endif()
 endif()

@@ -88,6 +88,24 @@ TEST(destruction_waits_for_work_in_flight) {
   CHECK_EQ(drv.live_events(), 0u);
 }
 
+TEST(release_cached_waits_for_work_in_flight) {
+  // What empty_cache() leaves because its last use is queued,
+  // release_cached() (memory pressure from outside the lake) releases once
+  // that work ran, never while it is held.
+  UnmapWatch drv(SmallDevice());
+  Lake lake(drv, Capped(64 * kMiB));
+  drv.hold_stream(1, /*until_waited=*/true);
+  auto a = Alloc(lake, 8 * kMiB, nullptr, 1);
+  CHECK(lake.free(a, 1) == Status::kOk);
+  CHECK_EQ(lake.empty_cache(), 0u);
+  CHECK(lake.release_cached() >= 8 * kMiB);
+  CHECK(drv.unmaps >= 1);
+  CHECK_EQ(drv.unmaps_while_held, 0);
+  CHECK_EQ(drv.physical_bytes(), 0u);
+  CHECK_EQ(lake.stats().bytes_reserved.current, 0);
+  CHECK_EQ(lake.check(), std::string());
+}
+
 // Defect: while the waiter had the lock released, another call re-recorded
 // stream 1's event for a newer free (Y); the waiter then marked that newer
 // free complete and handed Y, still in use on stream 1, to stream 2.

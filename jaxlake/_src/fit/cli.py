@@ -18,7 +18,9 @@ DESCRIPTION = (
     "Runs COMMAND with {NAME} replaced by candidate values, records each "
     "run's allocation trace, replays it under the GPU's capacity (device "
     "memory x XLA's 0.75, or --fraction; jaxlake's the lake's own capacity "
-    "option when set, JAXLAKE_CAPACITY) through every policy, and reports "
+    "option when set, JAXLAKE_CAPACITY, else the fraction when one is "
+    "given, else the whole device, as the lake runs then) through every "
+    "policy, and reports "
     "each policy's largest value that fits and why the next one fails "
     "(shortage: the live bytes alone exceed the capacity; fragmentation: "
     "they fit but the policy could not serve a request). Real policies "
@@ -76,7 +78,8 @@ def register(commands: Any) -> None:
                    help="share of the device memory XLA's pool may take "
                         "(default: XLA_CLIENT_MEM_FRACTION, or the "
                         "deprecated XLA_PYTHON_CLIENT_MEM_FRACTION, else "
-                        "0.75)")
+                        "0.75); also the lake's, which without it may "
+                        "take the whole device")
     f.add_argument("--reserve", default="0", metavar="SIZE",
                    help="device memory to keep outside the pool besides "
                         "what the traces report (e.g. a cuBLAS workspace)")
@@ -117,13 +120,17 @@ def _fraction(args: argparse.Namespace) -> Optional[float]:
 
 def _lake_capacity() -> Any:
     """The lake's `capacity` option from the environment (bytes, a
-    fraction, or None)."""
+    fraction, or None); XLA's 0.75 for a lake that preallocates without
+    one (integration.capacity_rule())."""
     from jaxlake._src import options as _options
     try:
         resolved = _options.resolve_options({}, os.environ)
     except Exception as e:  # a bad JAXLAKE_* value
         raise FitError(str(e)) from None
-    return resolved.get("capacity")
+    cap = resolved.get("capacity")
+    if cap is None and resolved.get("preallocate"):
+        return _run.XLA_FRACTION
+    return cap
 
 
 #: --policies groups.

@@ -91,8 +91,9 @@ LAKE = "real:jaxlake"
 POLICIES: Tuple[RealPolicy, ...] = (
     RealPolicy(LAKE, (), (),
                "the lake, run for real: `jaxlake run --fake-gpu` with the "
-               "lake serving XLA's pool (capacity: XLA's fraction, or the "
-               "lake's capacity option)", lake=True),
+               "lake serving XLA's pool (capacity: the lake's capacity "
+               "option, else XLA's fraction when given, else the whole "
+               "device)", lake=True),
     RealPolicy("real:jax-default", (), (),
                "JAX's default: no allocator variable or flag set"),
     RealPolicy("real:bfc", (("XLA_PYTHON_CLIENT_ALLOCATOR", "bfc"),), (),

@@ -88,21 +88,34 @@ def _granules(nbytes: int) -> int:
                nbytes // _replay.GRANULARITY * _replay.GRANULARITY)
 
 
+def lake_share(fraction: Optional[float] = None,
+               lake_capacity: Optional[Any] = None) -> Optional[float]:
+    """The jaxlake model's share of the device memory where it is not
+    `fraction`'s: 1.0 (the whole device) when neither a fraction nor the
+    lake's capacity option is given, as the lake runs then
+    (integration.capacity_rule()); None otherwise."""
+    return 1.0 if fraction is None and lake_capacity is None else None
+
+
 def budgets(memory: int, policies: Sequence[str],
             fraction: Optional[float] = None,
             lake_capacity: Optional[Any] = None) -> Dict[str, int]:
     """Each policy's share of the device memory in bytes, before the memory
     outside the pool comes off: the device memory times `fraction` (XLA's
     0.75 when None); jaxlake's is the lake's own `capacity` option when
-    given (bytes, or a fraction of the device memory)."""
+    given (bytes, or a fraction of the device memory), else `fraction`'s
+    share when given, else the whole device (lake_share())."""
     share = XLA_FRACTION if fraction is None else fraction
     base = int(memory * share)
+    whole = lake_share(fraction, lake_capacity)
     out: Dict[str, int] = {}
     for name in policies:
         nbytes = base
         if name == "jaxlake" and lake_capacity is not None:
             nbytes = int(memory * lake_capacity) if isinstance(
                 lake_capacity, float) else int(lake_capacity)
+        elif name == "jaxlake" and whole is not None:
+            nbytes = int(memory * whole)
         out[name] = nbytes
     return out
 
@@ -294,6 +307,9 @@ class FitReport:
     traces: List[TraceInfo]
     replays: int
     seconds: float
+    # The jaxlake model's share of the device where it is not `fraction`'s
+    # (lake_share(): 1.0 when no fraction or lake capacity was given).
+    lake_share: Optional[float] = None
     # JAX's default for the installed jax: which model and which real run
     # stand for it.
     jax_default: _real.JaxDefault = dataclasses.field(
@@ -376,7 +392,8 @@ class FitReport:
             "vary": {"name": self.vary.name, "lo": self.vary.lo,
                      "hi": self.vary.hi, "values": self.values},
             "engine": self.engine, "command": self.command,
-            "fraction": self.fraction, "outside_pool": self.outside_pool,
+            "fraction": self.fraction, "lake_share": self.lake_share,
+            "outside_pool": self.outside_pool,
             "jax_default": {"jax": jd.jax, "checked": jd.known,
                             "allocator": jd.text, "model": jd.model,
                             "real": jd.real},
@@ -500,6 +517,8 @@ def fit(argv: Sequence[str], vary: Vary, values: Sequence[int],
         gpu=gpu, vary=vary, values=list(values), engine=engine,
         command=list(argv),
         fraction=XLA_FRACTION if fraction is None else fraction,
+        lake_share=(lake_share(fraction, lake_capacity)
+                    if "jaxlake" in models else None),
         capacity=cap, outside_pool=(max(outs) if outs else None),
         fits=fits, traces=infos, replays=fitter.replays,
         seconds=time.monotonic() - start, real_runs=runs.runs,
@@ -594,6 +613,10 @@ def format_report(report: FitReport) -> str:
     lines = [
         f"jaxlake fit: largest {v} on {report.gpu.name} "
         f"({size(report.gpu.memory)}; capacity {report.fraction:g} of it"
+        + ((", jaxlake all of it" if report.lake_share == 1.0 else
+            f", jaxlake {report.lake_share:g} of it")
+           + " (no fraction set: the lake grows into the device as XLA's "
+           "cuda_async pool does)" if report.lake_share is not None else "")
         + (", less the memory XLA takes outside its pool"
            if report.outside_pool is not None else "")
         + ")" + devices + ", engine " + report.engine]

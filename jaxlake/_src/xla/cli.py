@@ -318,7 +318,9 @@ def doctor(out: TextIO, start_jax: bool = True) -> int:
     nbytes, fraction, source = xla.capacity_rule(status.options)
     rule = _size(nbytes) if nbytes is not None else \
         f"{fraction:g} of each device's memory"
-    line("capacity", f"{rule} (from {source})")
+    line("capacity", f"{rule} (from {source})" if source != xla.WHOLE_DEVICE
+         else "the whole device (no capacity or memory fraction set: the "
+         "lake grows on demand as XLA's cuda_async pool does)")
     for dev in devices:
         cap = xla.effective_capacity(status.options, dev.total_memory)
         line(f"device {dev.ordinal}",

@@ -25,10 +25,13 @@ use CUDA; start children with the "spawn" method).
 Capacity: the `capacity` option (bytes, or a fraction of each device's
 memory) when given; else XLA's own memory fraction, XLA_CLIENT_MEM_FRACTION
 or its deprecated spelling XLA_PYTHON_CLIENT_MEM_FRACTION when set (jaxlib
-refuses the two together, and so does jaxlake), else 0.75 (XLA's default):
-the rest of the device stays for cuBLAS/cuDNN workspaces, NCCL, loaded
-modules and the executor's own allocations, which the lake never gives its
-cached memory back to. An explicit lake capacity wins over XLA's fraction.
+refuses the two together, and so does jaxlake); each of these is a hard
+cap. With none of them, a lake that does not preallocate may hold the
+device's whole memory: it grows on demand as far as the driver gives, as
+XLA's cuda_async pool (which the lake serves) does, and gives its cached
+memory back when another allocation of the process (cuBLAS/cuDNN
+workspaces, NCCL, loaded modules, other pools) finds the device full. A
+preallocating lake takes XLA's default, 0.75.
 """
 
 from __future__ import annotations
@@ -79,8 +82,8 @@ FRACTION_ENV = "JAXLAKE_CAPACITY_FRACTION"
 assert all(v in _options.OTHER_VARIABLES for v in (
     REAL_DRIVER_ENV, TRACE_ENV, HOOKS_ENV, REQUIRED_ENV, FRACTION_ENV))
 
-#: XLA's share of device memory, and its default (also the lake's default
-#: capacity, see the module's docstring). jaxlib (0.10 to 0.12) reads
+#: XLA's share of device memory, and its default (also the capacity of a
+#: preallocating lake, see the module's docstring). jaxlib (0.10 to 0.12) reads
 #: XLA_CLIENT_MEM_FRACTION, else the deprecated XLA_PYTHON_CLIENT_MEM_
 #: FRACTION, and raises ValueError when both are set.
 XLA_FRACTION_ENV = "XLA_CLIENT_MEM_FRACTION"
@@ -98,6 +101,9 @@ XLA_DEFAULT_FRACTION = 0.75
 #: that makes XLA compile for its capacity as JAX's default compiles for
 #: its pool, unless the program's XLA_FLAGS set one.
 SLOP_FLAG = "xla_gpu_memory_limit_slop_factor"
+#: capacity_rule()'s source when no fraction or capacity is set and the
+#: lake does not preallocate: the whole device, as under cuda_async.
+WHOLE_DEVICE = "the device's whole memory (no capacity or fraction set)"
 XLA_DEFAULT_SLOP = 95
 NO_POOL_LIMIT_SHARE = 0.8
 
@@ -222,9 +228,10 @@ def capacity_rule(resolved: Mapping[str, Any],
                   ) -> Tuple[Optional[int], float, str]:
     """(bytes, fraction, where it comes from) of the lake's capacity: the
     `capacity` option (bytes, or a fraction), else XLA's memory fraction
-    (xla_fraction()), else XLA's default 0.75. Exactly one of bytes and
-    fraction is set (the other is None or 0.0). The shim applies the same
-    rule (cc/shim/options.h)."""
+    (xla_fraction()), else the whole device (1.0, source WHOLE_DEVICE), or
+    XLA's default 0.75 for a lake that preallocates. Exactly one of bytes
+    and fraction is set (the other is None or 0.0). The shim applies the
+    same rule (cc/shim/options.h)."""
     cap = resolved.get("capacity")
     if isinstance(cap, float):
         return None, cap, "the capacity option (a fraction)"
@@ -233,7 +240,10 @@ def capacity_rule(resolved: Mapping[str, Any],
     given = xla_fraction(environ)
     if given is not None:
         return None, given[0], given[1]
-    return None, XLA_DEFAULT_FRACTION, "XLA's default memory fraction"
+    if resolved.get("preallocate"):
+        return None, XLA_DEFAULT_FRACTION, (
+            "XLA's default memory fraction (the lake preallocates)")
+    return None, 1.0, WHOLE_DEVICE
 
 
 def slop_factor(fraction: float) -> int:
@@ -246,13 +256,14 @@ def slop_factor(fraction: float) -> int:
 def with_memory_limit(flags: str, resolved: Mapping[str, Any],
                       environ: Optional[Mapping[str, str]] = None) -> str:
     """`flags` (XLA_FLAGS) with the slop factor of slop_factor() for the
-    lake's capacity added, unless they set one already or the capacity is
+    lake's capacity added, unless they set one already, the capacity is
     a number of bytes (its share of the device is not known before CUDA
-    starts)."""
+    starts), or it is the whole device by default (WHOLE_DEVICE: XLA then
+    compiles as under cuda_async, whose room the lake takes)."""
     if f"--{SLOP_FLAG}" in flags:
         return flags
-    nbytes, fraction, _ = capacity_rule(resolved, environ)
-    if nbytes is not None:
+    nbytes, fraction, source = capacity_rule(resolved, environ)
+    if nbytes is not None or source == WHOLE_DEVICE:
         return flags
     entry = f"--{SLOP_FLAG}={slop_factor(fraction)}"
     return f"{flags} {entry}" if flags.strip() else entry
@@ -327,7 +338,8 @@ def configure(*, required: bool = False, trace: Optional[str] = None,
 
     Keyword arguments are lake options (see `jaxlake options`; capacity may
     be bytes, a size string or a fraction of the device memory, and
-    defaults to XLA's memory fraction); they win over `--jaxlake_<option>`
+    defaults to XLA's memory fraction when one is set, else the whole
+    device, capacity_rule()); they win over `--jaxlake_<option>`
     entries in XLA_FLAGS, which win over JAXLAKE_<OPTION> variables.
     `trace` names a file to write the allocation trace to (JSON lines,
     docs/traces.md).
@@ -510,7 +522,7 @@ def shim_environment(resolved: Mapping[str, Any], driver: str,
             # which stays readable for a child's own configure()).
             env[FRACTION_ENV] = repr(value)
             env[var] = repr(value)
-        elif value is not None:  # capacity None: XLA's memory fraction
+        elif value is not None:  # capacity None: the rule of capacity_rule()
             env[var] = _env_value(value)
     if trace:
         env[TRACE_ENV] = os.path.abspath(trace)
@@ -627,7 +639,9 @@ def stats(device: Optional[int] = None) -> Stats:
 
 
 def hook_counts() -> Dict[str, Dict[str, int]]:
-    """Calls of the hooked driver entry points (served/forwarded/failed)."""
+    """Calls of the hooked driver entry points (served/forwarded/failed,
+    and for the allocating ones the memory given back under pressure:
+    pressure/pressure_ok/pressure_bytes)."""
     shim = _loaded_shim()
     return shim.hooks() if shim is not None else {}
 
