@@ -19,6 +19,10 @@ run stopped by its time limit still reports the steps it finished:
             2 MiB, 32 MiB and 1 GiB handles, access for 1 and up to 8
             devices, the first grant, a mostly free and a mostly used
             device; the format `jaxlake bench --driver-model FILE` reads
+  pool      the driver pool's granularity (benchmarks/gpu/pool_probe.py):
+            its growth for single requests of 1 B to 33 MiB + 1, packing of
+            small requests, whether small requests take a page's free end,
+            and how much of the free memory it hands out in all
   train     20 training steps (examples/train_lm.py) with the lake and with
             cuda_async on the driver's pool (the shim loaded with
             JAXLAKE_SHIM_HOOKS=0), both with --xla_gpu_deterministic_ops:
@@ -54,7 +58,7 @@ TRAIN = REPO / "examples" / "train_lm.py"
 WORKDIR = "/"
 
 EXIT_FAILED, EXIT_NO_GPU, EXIT_OUT_OF_TIME = 1, 3, 4
-STEPS = ("env", "doctor", "fragment", "latency", "train")
+STEPS = ("env", "doctor", "fragment", "latency", "pool", "train")
 OPT_IN = ("sanitizer", "capacity")
 
 # The minimum driver API version of each CUDA plugin (its CUDA major).
@@ -451,6 +455,36 @@ def step_latency(out: pathlib.Path, budget: Budget, libcuda: Optional[str],
     return result, []
 
 
+def step_pool(out: pathlib.Path, budget: Budget, libcuda: Optional[str]
+              ) -> Tuple[Dict[str, Any], List[str]]:
+    if libcuda is None:
+        return {}, ["no CUDA driver library found"]
+    target = out / "pool_probe.json"
+    code, seconds, text = run(
+        [sys.executable, str(HERE / "pool_probe.py"), "--libcuda", libcuda,
+         "--out", str(target)], base_env(), out / "pool.log",
+        budget.timeout(60))
+    result: Dict[str, Any] = {"exit": code, "seconds": round(seconds, 1),
+                              "file": str(target)}
+    if not target.is_file():
+        return result, [f"pool_probe.py failed (exit {code}): "
+                        + text.strip()[-300:]]
+    doc = json.loads(target.read_text())
+    single = doc.get("single", {})
+    result["apparent_granularity"] = single.get("apparent_granularity")
+    result["reserved_growth"] = {r["bytes"]: r["reserved_growth"]
+                                 for r in single.get("rows", [])}
+    result["tail_smalls_fit_in_reserved"] = doc.get("tail", {}).get(
+        "smalls_fit_in_reserved")
+    result["edge_shortfall"] = {r["x"]: r["shortfall"]
+                                for r in doc.get("edge", [])}
+    failures = []
+    if code != 0 or doc.get("error") or doc.get("cleanup_error"):
+        failures.append(f"pool_probe.py failed (exit {code}): "
+                        + text.strip()[-300:])
+    return result, failures
+
+
 def step_sanitizer(out: pathlib.Path, budget: Budget
                    ) -> Tuple[Dict[str, Any], List[str]]:
     sanitizer = shutil.which("compute-sanitizer")
@@ -612,6 +646,8 @@ def main(argv: Sequence[str]) -> int:
                 result, failures = step_latency(
                     out, budget, libcuda, args.latency_repeats,
                     args.latency_sizes, args.latency_fill)
+            elif name == "pool":
+                result, failures = step_pool(out, budget, libcuda)
             elif name == "sanitizer":
                 result, failures = step_sanitizer(out, budget)
             else:
