@@ -5,6 +5,8 @@
 #   benchmarks/gpu/check.sh --only env,latency   # the driver model's
 #       constants alone: $OUT/latency.json feeds
 #       `jaxlake bench --driver-model $OUT/latency.json`
+#   benchmarks/gpu/check.sh --only env,pool      # the driver pool's
+#       granularity alone: $OUT/pool_probe.json (pool_probe.py)
 #
 # About five minutes on an H200, never more than ten: the install (an
 # incremental build after the first) and then gpu_check.py with what is
