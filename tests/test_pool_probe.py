@@ -123,6 +123,19 @@ def test_driver_errors_name_the_call(tmp_path: pathlib.Path) -> None:
     assert json.loads(out.read_text())["error"]["call"] == "dlopen"
 
 
+def test_edge_beyond_the_free_memory(tmp_path: pathlib.Path) -> None:
+    out = tmp_path / "p.json"
+    result = _run(out, "--edge-x", "2GiB,1000")
+    assert result.returncode == 0, result.stderr
+    beyond, odd = json.loads(out.read_text())["edge"]
+    assert beyond["big_allocated"] is False and beyond["shortfall"] is None
+    assert "no single request of free - x" in result.stdout
+    # 1000 bytes short of the free memory: no 64 KiB piece fits after it.
+    assert odd["pieces"] == 0 and odd["shortfall"] == 1000
+    bad = _run(out, "--edge-x", "lots")
+    assert bad.returncode == 2 and "--edge-x 'lots'" in bad.stderr
+
+
 def test_lowest_power_of_two() -> None:
     probe = _probe_module()
     assert [probe.lowest_power_of_two(n) for n in

@@ -268,8 +268,11 @@ def edge(p: Probe, xs: Sequence[int], piece: int) -> List[Dict[str, Any]]:
                                "reserved_before": start["reserved"],
                                "big": max(0, free - x)}
         if free <= x or p.alloc(free - x, may_fail=True) is None:
-            row.update(big_allocated=False, pieces=0,
-                       handed_out=0, shortfall=free)
+            # The request of F - x itself ran out of memory (a finding of
+            # its own: the pool cannot hand out that much in one piece), or
+            # x leaves nothing to request.
+            row.update(big_allocated=False, pieces=0, piece=piece,
+                       handed_out=None, shortfall=None)
             rows.append(row)
             continue
         limit = x // piece + 4096  # a backstop, never reached on a sane pool
@@ -279,6 +282,7 @@ def edge(p: Probe, xs: Sequence[int], piece: int) -> List[Dict[str, Any]]:
         full = p.state()
         handed = row["big"] + pieces * piece
         row.update(big_allocated=True, pieces=pieces, piece=piece,
+                   backstop_reached=pieces == limit,
                    handed_out=handed, shortfall=free - handed,
                    reserved_full=full["reserved"], used_full=full["used"],
                    free_full=full["free"])
@@ -348,6 +352,11 @@ def table(doc: Dict[str, Any]) -> str:
                      f", {t['smalls_inside_page_end']} inside the last "
                      f"page's free {mib(t['page_free_end'])}")
     for r in doc.get("edge", []):
+        if not r["big_allocated"]:
+            lines.append(f"edge x={mib(r['x'])}: free {mib(r['free'])}, "
+                         "no single request of free - x (out of memory, or x >= "
+                         "free)")
+            continue
         lines.append(f"edge x={mib(r['x'])}: free {mib(r['free'])}, handed "
                      f"out {mib(r['handed_out'])} ({r['pieces']} pieces), "
                      f"short by {r['shortfall']} bytes")
