@@ -386,6 +386,10 @@ struct Lake::Impl {
   void FreeSmall(std::uintptr_t addr, const Alloc& a, Stream s)
       JAXLAKE_REQUIRES(mu);
   void FlushDeferredSmall() JAXLAKE_REQUIRES(mu);
+  // Advances every stream's clock, brings back the small ranges freed on
+  // other streams whose frees completed, and advances again to fence the
+  // frees that made (empty_cache, release_cached).
+  void FenceFrees() JAXLAKE_REQUIRES(mu);
   Status Small(MutexLock& lk, std::size_t size, Stream s,
                std::uintptr_t* addr) JAXLAKE_MAY_UNLOCK(mu);
 

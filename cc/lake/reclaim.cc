@@ -234,19 +234,23 @@ std::size_t Lake::Impl::ReleaseFreeSegments(MutexLock& lk,
   return released;
 }
 
+void Lake::Impl::FenceFrees() {
+  // Whatever the streams' state (another call may have advanced them
+  // already): bring back small ranges freed on other streams, then fence
+  // the frees that made (and the slabs they emptied).
+  clock.Advance();
+  if (small.HasDeferred()) {
+    FlushDeferredSmall();
+    clock.Advance();
+  }
+}
+
 std::size_t Lake::empty_cache(Status* status) {
   Impl& m = *impl_;
   MutexLock lk(m.mu);
   Status first = Status::kOk;
   std::string error;
-  // Whatever the streams' state (another call may have advanced them
-  // already): bring back small ranges freed on other streams, then fence
-  // the frees that made (and the slabs they emptied).
-  m.clock.Advance();
-  if (m.small.HasDeferred()) {
-    m.FlushDeferredSmall();
-    m.clock.Advance();
-  }
+  m.FenceFrees();
   std::size_t released = m.RetryUnreleased(lk, &first, &error);
   m.TrimCache(lk, 0, &first, &error);
   released += m.ReleaseFreeSegments(lk, &first, &error);  // merges first
@@ -269,11 +273,7 @@ std::size_t Lake::release_cached() {
   Impl& m = *impl_;
   {
     MutexLock lk(m.mu);
-    m.clock.Advance();
-    if (m.small.HasDeferred()) {
-      m.FlushDeferredSmall();
-      m.clock.Advance();
-    }
+    m.FenceFrees();
     m.WaitStreams(lk);
   }
   return empty_cache();

@@ -118,20 +118,24 @@ CUresult Forward(Hook hook, F* fn, Args... args) {
 }
 
 // Where a refused allocation asks for memory back: the device (-1: not
-// known) and whether a capture forbids the lake's driver calls.
+// known) and whether the lakes must not give any back for it (a capture
+// forbids their driver calls, or the memory is not the device's).
 struct Pressure {
   int device = -1;
-  bool capturing = false;
+  bool barred = false;
 };
+
+// A request no lake's memory can help: host or managed memory.
+Pressure NoGiveBack() { return Pressure{-1, true}; }
 
 bool UnderCapture(CUstream stream, bool per_thread);
 bool ThreadCapturing();
 
 // Releases the cached memory of `p.device`'s lake (every lake's when the
-// device is not known), unless a capture forbids it. Returns the bytes the
-// lakes gave back.
+// device is not known), unless `p` bars it. Returns the bytes the lakes
+// gave back.
 std::size_t GiveBack(const Pressure& p) {
-  if (p.capturing) return 0;
+  if (p.barred) return 0;
   Lakes& lakes = Lakes::Get();
   std::size_t released = 0;
   for (int d : lakes.Devices()) {
@@ -497,29 +501,15 @@ CUresult GetPointerAttributes(unsigned int count, int* attributes,
 
 // ---- allocations outside the pools ------------------------------------------------
 
-// cuMemAlloc_v2 (memory back under pressure) and cuMemAllocManaged (not:
-// managed memory is not held on the device the way a lake's is).
-template <typename F, typename... Args>
-CUresult AllocOutside(Hook hook, bool pressure, F* fn, CUdeviceptr* dptr,
+// cuMemAlloc_v2, cuMemAllocAsync (memory back under pressure, `where`) and
+// cuMemAllocManaged (NoGiveBack: managed memory is not held on the device
+// the way a lake's is).
+template <typename Where, typename F, typename... Args>
+CUresult AllocOutside(Hook hook, Where where, F* fn, CUdeviceptr* dptr,
                       std::size_t bytes, Args... args) {
   Called(hook);
-  const CUresult r =
-      pressure ? ForwardAlloc(hook, InContext, fn, dptr, bytes, args...)
-               : Forward(hook, fn, dptr, bytes, args...);
-  return Outside(hook, r, dptr, bytes);
-}
-
-CUresult AllocAsync(bool per_thread, CUdeviceptr* dptr, std::size_t bytes,
-                    CUstream stream) {
-  const Hook hook =
-      per_thread ? Hook::cuMemAllocAsync_ptsz : Hook::cuMemAllocAsync;
-  Called(hook);
-  const RealApi& real = Real().api;
-  const CUresult r = ForwardAlloc(
-      hook, OnStream(stream, per_thread),
-      per_thread ? real.MemAllocAsync_ptsz : real.MemAllocAsync, dptr, bytes,
-      stream);
-  return Outside(hook, r, dptr, bytes);
+  return Outside(hook, ForwardAlloc(hook, where, fn, dptr, bytes, args...),
+                 dptr, bytes);
 }
 
 CUresult AllocPitch(CUdeviceptr* dptr, std::size_t* pitch, std::size_t width,
@@ -549,7 +539,7 @@ CUresult Create(cu::CUmemGenericAllocationHandle* handle, std::size_t size,
   auto where = [&] {
     // Host memory: nothing a lake holds would help.
     return on_device ? Pressure{prop->location.id, ThreadCapturing()}
-                     : Pressure{-1, true};
+                     : NoGiveBack();
   };
   const CUresult r =
       ForwardAlloc(hook, where, Real().api.MemCreate, handle, size, prop,
@@ -748,7 +738,7 @@ CUresult cuGetProcAddress_v2(const char* symbol, void** pfn, int cuda_version,
 
 CUresult cuMemAlloc_v2(CUdeviceptr* dptr, std::size_t bytesize) {
   JAXLAKE_SHIM_GUARD(jaxlake::shim::AllocOutside(
-      jaxlake::shim::Hook::cuMemAlloc_v2, true,
+      jaxlake::shim::Hook::cuMemAlloc_v2, jaxlake::shim::InContext,
       jaxlake::shim::Real().api.MemAlloc_v2, dptr, bytesize))
 }
 
@@ -762,20 +752,24 @@ CUresult cuMemAllocPitch_v2(CUdeviceptr* dptr, std::size_t* pitch,
 CUresult cuMemAllocManaged(CUdeviceptr* dptr, std::size_t bytesize,
                            unsigned int flags) {
   JAXLAKE_SHIM_GUARD(jaxlake::shim::AllocOutside(
-      jaxlake::shim::Hook::cuMemAllocManaged, false,
+      jaxlake::shim::Hook::cuMemAllocManaged, jaxlake::shim::NoGiveBack,
       jaxlake::shim::Real().api.MemAllocManaged, dptr, bytesize, flags))
 }
 
 CUresult cuMemAllocAsync(CUdeviceptr* dptr, std::size_t bytesize,
                          CUstream stream) {
-  JAXLAKE_SHIM_GUARD(
-      jaxlake::shim::AllocAsync(false, dptr, bytesize, stream))
+  JAXLAKE_SHIM_GUARD(jaxlake::shim::AllocOutside(
+      jaxlake::shim::Hook::cuMemAllocAsync,
+      jaxlake::shim::OnStream(stream, false),
+      jaxlake::shim::Real().api.MemAllocAsync, dptr, bytesize, stream))
 }
 
 CUresult cuMemAllocAsync_ptsz(CUdeviceptr* dptr, std::size_t bytesize,
                               CUstream stream) {
-  JAXLAKE_SHIM_GUARD(
-      jaxlake::shim::AllocAsync(true, dptr, bytesize, stream))
+  JAXLAKE_SHIM_GUARD(jaxlake::shim::AllocOutside(
+      jaxlake::shim::Hook::cuMemAllocAsync_ptsz,
+      jaxlake::shim::OnStream(stream, true),
+      jaxlake::shim::Real().api.MemAllocAsync_ptsz, dptr, bytesize, stream))
 }
 
 CUresult cuMemFree_v2(CUdeviceptr dptr) {
