@@ -68,6 +68,9 @@ set(JAXLAKE_FAKEGPU_SOURCES
   cc/fakegpu/nccl.cc
   cc/fakegpu/graph_runtime.cc
   cc/fakegpu/libs.cc
+  cc/fakegpu/cufft.cc
+  cc/fakegpu/cusolver.cc
+  cc/fakegpu/cusparse.cc
   cc/fakegpu/stubs.cc
 )
 # The fake GPU's loader guard (cc/fakegpu/interpose.cc), preloaded by

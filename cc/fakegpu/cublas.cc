@@ -32,6 +32,7 @@ constexpr int kSuccess = 0, kInvalidValue = 7;
 struct Handle {
   void* stream = nullptr;
   int math_mode = 0;  // CUBLAS_DEFAULT_MATH
+  int pointer_mode = 0;  // CUBLAS_POINTER_MODE_HOST
 };
 
 struct Handles {
@@ -201,7 +202,27 @@ LIB int cublasGetMathMode(void* handle, int* mode) {
 }
 
 ACCEPT(cublasSetWorkspace_v2)
-ACCEPT(cublasSetPointerMode_v2)
+
+// The pointer mode (where the scalars are: host 0, device 1), which XLA's
+// triangular solve reads, sets and restores.
+LIB int cublasSetPointerMode_v2(void* handle, int mode) {
+  ENTER();
+  if (mode != 0 && mode != 1) return kInvalidValue;
+  return WithHandle(handle, [&](Handle& h) {
+    h.pointer_mode = mode;
+    return kSuccess;
+  });
+}
+
+LIB int cublasGetPointerMode_v2(void* handle, int* mode) {
+  ENTER();
+  if (mode == nullptr) return kInvalidValue;
+  return WithHandle(handle, [&](Handle& h) {
+    *mode = h.pointer_mode;
+    return kSuccess;
+  });
+}
+
 ACCEPT(cublasSetAtomicsMode)
 ACCEPT(cublasSetSmCountTarget)
 
