@@ -14,6 +14,8 @@ from __future__ import annotations
 import json
 import pathlib
 import re
+import subprocess
+import sys
 from typing import Dict
 
 import pytest
@@ -279,6 +281,17 @@ for name in {names!r}:
     for name, text in out.items():
         assert text not in ("None", "") and "not supported" not in text, (
             name, text)
+
+
+@pytest.mark.skipif(jax_reason() is not None, reason=str(jax_reason()))
+def test_names_inc_covers_the_installed_plugin() -> None:
+    # Every name the installed plugin looks up is listed (under whichever
+    # library's line), and exactly the string functions are STRING lines.
+    proc = subprocess.run([sys.executable,
+                           str(ROOT / "cc" / "fakegpu" / "gen_names.py"),
+                           "--check"], capture_output=True, text=True,
+                          timeout=120)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
 PROGRAM = PRELUDE + """

@@ -1,6 +1,6 @@
 // The fake GPU's cuBLAS and cuBLASLt, by NVIDIA's names and signatures
-// (cublas_api.h, cublasLt.h): handles, which keep their stream and math
-// mode, versions and status strings, cuBLASLt's descriptors, which hold the
+// (cublas_api.h, cublasLt.h): handles, which keep their stream, math mode
+// and pointer mode, versions and status strings, cuBLASLt's descriptors, which hold the
 // attributes set on them, one heuristic algorithm a product, needing no
 // workspace, and the products themselves, which are kernels: they are
 // accepted and do nothing (those entry points read none of their

@@ -1,6 +1,6 @@
 // The fake GPU (libjaxlake_fakegpu.so): NVIDIA's driver, NVML, CUDA runtime,
-// cuDNN, cuBLAS(Lt), NCCL and the version calls of cuFFT, CUPTI, cuSPARSE and
-// cuSOLVER, each a subset of its public API, on host memory. `jaxlake run
+// cuDNN, cuBLAS(Lt), NCCL, cuFFT, cuSOLVER, cuSPARSE and CUPTI's version
+// calls, each a subset of its public API, on host memory. `jaxlake run
 // --fake-gpu` puts it where those libraries would be (cc/fakegpu/README.md),
 // so that XLA's real GPU client runs, unmodified, on a machine with no GPU,
 // over the shipped shim and lake. Kernels do not run; copies, memsets and

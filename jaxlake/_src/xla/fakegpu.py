@@ -3,8 +3,8 @@
 The fake GPU (cc/fakegpu) is one library, libjaxlake_fakegpu.so, that
 implements on host memory the public API of the NVIDIA libraries JAX's CUDA
 plugin opens by name: the driver (which the shim forwards to, as to a real
-one), NVML, the CUDA runtime, cuDNN, cuBLAS(Lt), NCCL and the version calls
-of cuFFT, CUPTI, cuSPARSE and cuSOLVER. This module makes a folder of links
+one), NVML, the CUDA runtime, cuDNN, cuBLAS(Lt), NCCL, cuFFT, cuSOLVER,
+cuSPARSE and CUPTI's version calls. This module makes a folder of links
 under those libraries' names, puts it first on LD_LIBRARY_PATH, and gives
 the program the environment that makes JAX see the fake devices.
 
