@@ -14,7 +14,6 @@
 // that need more than one pass.
 #include <cstddef>
 #include <cstdint>
-#include <limits>
 #include <map>
 #include <memory>
 #include <mutex>
