@@ -322,6 +322,7 @@ ops = {
     "tridiagonal_solve":
         lambda: jax.lax.linalg.tridiagonal_solve(dl, spd[0], du, sq[:, :2]),
     "bcoo_matmul": lambda: coo @ sq,
+    "bcoo_matvec": lambda: coo @ sq[:, 0],
     "bcsr_matmul": lambda: csr @ sq,
 }
 done = []
@@ -343,14 +344,14 @@ def test_jax_fft_linalg_and_sparse_run_on_the_fake(
                     env={"JAXLAKE_FAKEGPU_STATS": str(stats),
                          "JAXLAKE_FAKEGPU_LOG": "stderr"})
     out = result(proc)
-    assert len(out["done"]) == 15, out
+    assert len(out["done"]) == 16, out
     assert "not supported by the fake" not in proc.stderr, proc.stderr[-4000:]
     calls: Dict[str, int] = json.loads(stats.read_text())["calls"]
     for name in ("cufftExecC2C", "cufftExecR2C", "cufftSetWorkArea",
                  "cusolverDnSgesvdj", "cusolverDnSgesvdjBatched",
                  "cusolverDnSsyevjBatched", "cusolverDnSpotrfBatched",
                  "cusolverDnSgeqrf", "cusolverDnSgetrf", "cusolverDnSpotrf",
-                 "cusparseSgtsv2", "cusparseSpMM"):
+                 "cusparseSgtsv2", "cusparseSpMM", "cusparseSpMV"):
         assert calls.get(name, 0) >= 1, (name, sorted(
             k for k in calls if k.startswith(("cufft", "cusolver",
                                               "cusparse"))))
