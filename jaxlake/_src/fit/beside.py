@@ -146,6 +146,15 @@ class PairOutcome:
         return "first: " + why(self.first_output)
 
 
+class FirstFailed(FitError):
+    """The first job failed, or ended, before the second started: alone
+    on the device. `output` is its output."""
+
+    def __init__(self, message: str, output: str) -> None:
+        super().__init__(message)
+        self.output = output
+
+
 def with_ready(argv: Sequence[str], path: str) -> List[str]:
     """The first command with {READY} replaced by `path`."""
     return [a.replace(READY_PLACEHOLDER, path) for a in argv]
@@ -234,12 +243,13 @@ def run_pair(first_cmd: Sequence[str], first_env: Mapping[str, str],
             tail = "\n".join(text.strip().splitlines()[-15:])
             what = (f"ended with exit status {code}" if code is not None
                     else f"was not under way after {timeout:.0f}s")
-            raise FitError(
+            raise FirstFailed(
                 f"the first job {what} before the second started, alone on "
                 "the device: " + " ".join(first_cmd) + (
                     "\n(it must keep running until it is stopped: give it "
                     "more steps)" if code == 0 else "")
-                + f"\nits last lines (all of it in {first_log}):\n{tail}")
+                + f"\nits last lines (all of it in {first_log}):\n{tail}",
+                text)
         first_alone = (monitor.sample().get(first.pid, 0)
                        if monitor is not None else 0)
         try:
