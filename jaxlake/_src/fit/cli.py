@@ -218,14 +218,6 @@ def main(args: argparse.Namespace) -> int:
                 image_format(args.plot)
             except PlotError as e:
                 raise FitError(f"--plot: {e}") from None
-        progress = None if args.quiet else sys.stderr
-        if progress is not None:
-            progress.write(
-                f"jaxlake fit: {len(values)} candidate values of "
-                f"{vary.name} ({', '.join(map(str, values))}), engine "
-                f"{args.engine}"
-                + (f", {gpu.count} devices a run" if gpu.count > 1 else "")
-                + f", {len(policies)} policies\n")
         beside = None
         if args.beside is not None:
             import shlex
@@ -235,6 +227,14 @@ def main(args: argparse.Namespace) -> int:
                 raise FitError(f"--beside {args.beside!r}: {e}") from None
             _run.check_beside(beside, args.engine, gpu, args.beside_steps,
                               args.beside_wait)
+        progress = None if args.quiet else sys.stderr
+        if progress is not None:
+            progress.write(
+                f"jaxlake fit: {len(values)} candidate values of "
+                f"{vary.name} ({', '.join(map(str, values))}), engine "
+                f"{args.engine}"
+                + (f", {gpu.count} devices a run" if gpu.count > 1 else "")
+                + f", {len(policies)} policies\n")
         report = _run.fit(argv, vary, values, gpu, policies, args.engine,
                           fraction, lake_capacity, reserve, args.traces,
                           progress, beside=beside,

@@ -693,9 +693,14 @@ def record_first(first: Sequence[str], path: str, gpu: _engine.Gpu,
         env.pop("JAX_PLATFORMS")
     with _engine.Progress(progress, "the first job") as p:
         with open(log, "w", encoding="utf-8") as out:
-            job = subprocess.Popen(cmd, env=env, stdout=out,
-                                   stderr=subprocess.STDOUT,
-                                   stdin=subprocess.DEVNULL)
+            # SIGINT as by default in the job, even where this process was
+            # started with it ignored (a shell's background job), which
+            # the job would inherit.
+            job = subprocess.Popen(
+                cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                 signal.SIG_DFL) and None)
             under_way = beside.wait_ready(
                 job, ready_file if beside.has_ready(first) else None, ready,
                 wait, 3600.0, None)
