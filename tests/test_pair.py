@@ -171,3 +171,28 @@ def test_bench_replays_a_pair_as_one_row(tmp_path: Path) -> None:
     assert results[0].peak_live == 38 * MiB
     claims = suite.comparisons(results)
     assert any("U_fit >= every other" in c.claim for c in claims)
+
+
+def test_replay_pair_command(tmp_path: Path) -> None:
+    import subprocess
+    from jaxlake._src.fit import engine
+    write(tmp_path / "first.jsonl", "first", steps(3 * MiB, 9 * MiB))
+    second = write(tmp_path / "second.jsonl", "second",
+                   steps(5 * MiB, 21 * MiB),
+                   meta={pair.BESIDE: "first.jsonl"})
+    out = tmp_path / "r.json"
+
+    def jaxlake(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run([*engine.jaxlake_command(), *args],
+                              capture_output=True, text=True, timeout=120)
+    done = jaxlake("replay", second, "--pair", "-p", "jaxlake",
+                   "--capacity", "36MiB", "--json", str(out))
+    assert done.returncode == 0, done.stderr
+    assert "jaxlake: the pair fits 38.0 MiB, U_fit 1.000" in done.stdout
+    assert "jaxlake: under 36.0 MiB: out of memory" in done.stdout
+    data = json.loads(out.read_text())
+    assert data["results"]["jaxlake"]["fit_capacity"] == 38 * MiB
+    # A trace that names no first job is bad input.
+    done = jaxlake("replay", str(tmp_path / "first.jsonl"), "--pair")
+    assert done.returncode == 1 and "names no first job" in done.stderr
+    assert sys.executable
