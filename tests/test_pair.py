@@ -195,4 +195,3 @@ def test_replay_pair_command(tmp_path: Path) -> None:
     # A trace that names no first job is bad input.
     done = jaxlake("replay", str(tmp_path / "first.jsonl"), "--pair")
     assert done.returncode == 1 and "names no first job" in done.stderr
-    assert sys.executable
