@@ -451,8 +451,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                              "tuned on) instead of the suite; needs --out")
     parser.add_argument("--workloads", action="store_true",
                         help="build the workloads group (serving, kept "
-                             "outputs, a temp arena, offloading) instead of "
-                             "the suite, "
+                             "outputs, a temp arena, offloading, the shared "
+                             "GPU's pair) instead of the suite, "
                              "into its own folder")
     args = parser.parse_args(argv)
     sets = [f for f, on in (("--per-tensor", args.per_tensor),

@@ -245,7 +245,8 @@ def register(commands: Any) -> None:
     b.add_argument("--workloads", action="store_true",
                    help="bench the bundled workloads group (serving with "
                         "growing or slotted KV caches, kept outputs, a "
-                        "temp arena) instead of the suite")
+                        "temp arena, offloading, and two trainers sharing "
+                        "one GPU, replayed as a pair) instead of the suite")
     _add_policy(b)
     b.add_argument("--capacity", type=_capacity, default=Capacity(factor=1.1),
                    metavar="SIZE",
