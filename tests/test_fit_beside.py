@@ -170,3 +170,29 @@ def test_a_real_pair_on_one_shared_fake_device(
         real.run_beside(second, [sys.executable, "-c", "raise SystemExit(3)"],
                         gpu, real.BY_NAME["real:jaxlake"], None,
                         str(tmp_path), "bad", "bad", None)
+
+
+def test_a_first_job_without_a_fake_gpu_says_so(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Where `jaxlake run` has no --fake-gpu, the first job fails alone with
+    # argparse's message: the fit stops saying the fake GPU is unavailable.
+    def no_fake(*args: object, **kwargs: object) -> None:
+        raise beside.FirstFailed(
+            "the first job ended with exit status 2",
+            "jaxlake run: error: unrecognized arguments: --fake-gpu")
+    monkeypatch.setattr(beside, "run_pair", no_fake)
+    with pytest.raises(engine.FakeGpuUnavailable, match="fake GPU is "
+                       "unavailable"):
+        real.run_beside(["prog"], ["first"], engine.Gpu.parse("256MiB"),
+                        real.BY_NAME["real:jaxlake"], None, str(tmp_path),
+                        "t", "t", None)
+    # Without the fake's message it is the first job's own failure.
+    def fails(*args: object, **kwargs: object) -> None:
+        raise beside.FirstFailed("the first job ended with exit status 3",
+                                 "Traceback: ValueError")
+    monkeypatch.setattr(beside, "run_pair", fails)
+    with pytest.raises(FitError, match="exit status 3") as info:
+        real.run_beside(["prog"], ["first"], engine.Gpu.parse("256MiB"),
+                        real.BY_NAME["real:jaxlake"], None, str(tmp_path),
+                        "t", "t", None)
+    assert not isinstance(info.value, engine.FakeGpuUnavailable)
