@@ -49,11 +49,13 @@ def test_models_give_the_value_what_the_first_job_leaves(
     # A 64 MiB device; the first job holds one 20 MiB buffer. The lake
     # (whole device by default) holds 20 MiB for it and leaves 44 MiB;
     # JAX's default preallocates 48 MiB (0.75) in the first process and
-    # leaves 16 MiB; the growing BFC's first region doubles to 32 MiB and
-    # leaves 32 MiB, under its own limit of 48.
+    # leaves 16 MiB, where the second's BFC, asking for its own 48 MiB,
+    # backs off to 48 x 0.9^11 = 15.06 MiB; the growing BFC's first
+    # region doubles to 32 MiB and leaves 32 MiB, under its own limit of
+    # 48, which the second's one 32 MiB region fills.
     report = _fit(tmp_path, ["jaxlake", "bfc-prealloc", "bfc"], 20)
     largest = {f.policy: f.largest for f in report.fits}
-    assert largest == {"jaxlake": 44, "bfc-prealloc": 16, "bfc": 32}
+    assert largest == {"jaxlake": 44, "bfc-prealloc": 15, "bfc": 32}
     assert report.first_holds == {"jaxlake": 20 * MIB,
                                   "bfc-prealloc": 48 * MIB,
                                   "bfc": 32 * MIB}

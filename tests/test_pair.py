@@ -53,12 +53,31 @@ def small_pair(tmp_path: Path) -> Tuple[tracefile.Trace, tracefile.Trace]:
     return pair.read_pair(second)
 
 
-def test_backoff_matches_the_real_second_default() -> None:
+def test_backoff_matches_the_real_second_default(tmp_path: Path) -> None:
     # The second of two JAX defaults on a 256 MiB device asked for 192 MiB
-    # with 64 MiB left and got 62 MiB (docs/results/workloads.md).
-    assert pair.backoff_region(192 * MiB, 64 * MiB) == 62 * MiB
-    assert pair.backoff_region(192 * MiB, 192 * MiB) == 192 * MiB
-    assert pair.backoff_region(8 * MiB, 1 * MiB) == 0
+    # with 64 MiB left and got 62 MiB (docs/results/workloads.md): its
+    # limit is 0.75 of the whole device, and the refused region backs off
+    # by 10% steps, 192 MiB x 0.9^11 = 60.25 MiB in whole granules.
+    small = tracefile.read_trace(write(tmp_path / "s.jsonl", "s",
+                                       [("a", 1024)]))
+    pre = {"bfc_initial_region": 1 << 60}
+    second = pair.second_options("bfc", pre, 192 * MiB)
+    r = replay(small, "bfc", 64 * MiB, options=second)
+    assert r.oom is None
+    assert r.capped_peak_reserved == 62 * MiB
+    # Alone, its limit the device's, it takes the whole 64 MiB.
+    alone = replay(small, "bfc", 64 * MiB, options=pre)
+    assert alone.capped_peak_reserved == 64 * MiB
+    # Growing, a limit above the room makes a region the device refuses:
+    # 40 MiB asked under a 64 MiB limit with 40 MiB of room backs off to
+    # 36 MiB, too small for the request; with the limit the room's, the
+    # region is cut to it and fits.
+    big = tracefile.read_trace(write(tmp_path / "b.jsonl", "b",
+                                     [("a", 39 * MiB)]))
+    refused = replay(big, "bfc", 40 * MiB,
+                     options=pair.second_options("bfc", None, 64 * MiB))
+    assert refused.oom is not None
+    assert replay(big, "bfc", 40 * MiB).oom is None
 
 
 @pytest.mark.parametrize("policy", ["jaxlake", "bfc", "torch",
@@ -73,9 +92,15 @@ def test_growing_pair_fit_is_the_first_hold_plus_the_second_fit(
     hold = pair.up(alone_a.peak_reserved)
     assert alone_b.fit_capacity is not None
     r = pair.replay_pair(first, second, policy)
-    # The first holds its peak reserved; the second fits in what is left.
-    assert r.fit_capacity == hold + alone_b.fit_capacity, (
-        r.fit_capacity, hold, alone_b.fit_capacity)
+    # The first holds its peak reserved; the second fits in what is left
+    # (XLA's BFC may need more: its limit is the whole device's, and a
+    # region the room refuses backs off by 10%).
+    assert r.fit_capacity is not None
+    if policy == "bfc":
+        assert r.fit_capacity >= hold + alone_b.fit_capacity
+    else:
+        assert r.fit_capacity == hold + alone_b.fit_capacity, (
+            r.fit_capacity, hold, alone_b.fit_capacity)
     assert r.peak_live == 3 * MiB + 9 * MiB + 5 * MiB + 21 * MiB
     assert r.u_fit == pytest.approx(r.peak_live / r.fit_capacity)
     assert r.peak_reserved == hold + alone_b.peak_reserved
@@ -98,23 +123,25 @@ def test_the_first_hold_counts(
 
 def test_preallocated_first_holds_three_quarters(tmp_path: Path) -> None:
     # The first preallocates 0.75 of the device; the second's BFC backs off
-    # from 0.75 to what is left. A 30 MiB second needs 120 MiB: 90 MiB for
-    # the first, and 90 MiB x 0.9^11 = 28.2 MiB, 30 MiB in whole granules,
-    # for the second.
+    # from its own 0.75 to what is left. A 30 MiB second needs 128 MiB:
+    # 96 MiB for the first, and 96 MiB x 0.9^11 = 30.1 MiB (32 MiB in
+    # whole granules) for the second. At 126 MiB the room is 30 MiB, and
+    # the region that fits it, 27.1 MiB, is too small.
     write(tmp_path / "a.jsonl", "a", [("a", 10 * MiB)])
     b = write(tmp_path / "b.jsonl", "b", [("a", 30 * MiB)],
               meta={pair.BESIDE: "a.jsonl"})
     first, second = pair.read_pair(b)
     options = {"bfc_initial_region": 1 << 60}
     r = pair.replay_pair(first, second, "bfc", options=options)
-    assert r.fit_capacity == 120 * MiB
-    assert r.u_fit == pytest.approx(40 / 120)
-    at = pair.check(first, second, "bfc", 118 * MiB, options)
-    assert not at.fits and at.first_hold == 90 * MiB
-    # Growing, the same pair needs what the two hold: the first's BFC
-    # region doubled from 2 MiB to 16 MiB to hold its 10 MiB.
+    assert r.fit_capacity == 128 * MiB
+    assert r.u_fit == pytest.approx(40 / 128)
+    at = pair.check(first, second, "bfc", 126 * MiB, options)
+    assert not at.fits and at.first_hold == 96 * MiB and at.room == 30 * MiB
+    # Growing, the first's BFC region doubled from 2 MiB to 16 MiB to hold
+    # its 10 MiB; the second's doubles to 32 MiB for its 30 MiB, which a
+    # room of 30 MiB refuses (and 28.8 MiB is too small): 48 MiB.
     grow = pair.replay_pair(first, second, "bfc")
-    assert grow.fit_capacity == 16 * MiB + 30 * MiB
+    assert grow.fit_capacity == 16 * MiB + 32 * MiB
     # A first job that does not fit in its 0.75 fails alone.
     big = pair.check(second, first, "bfc", 32 * MiB, options)
     assert not big.fits and big.failed == "first"

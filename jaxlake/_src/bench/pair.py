@@ -13,13 +13,16 @@ policy; what joins them is the device:
   a preallocating one (bench --preallocate: jaxlake, bfc and bfc-growth as
   JAX runs them by default) its fraction of the device, XLA's 0.75,
   which the first job must then fit in;
-- the second job must fit in what is left. Growing, its policy may take
-  all of it. Preallocating, XLA's BFC asks for its 0.75 of the device,
-  which the driver refuses, and backs off to 90% of the size until a
-  region fits in what is left (tsl's BFCAllocator::Extend; on the fake
-  GPU the second of two JAX defaults on a 256 MiB device got 62 MiB,
-  192 MiB x 0.9^11 in whole 2 MiB granules, docs/results/workloads.md);
-  the lake and bfc-growth preallocate what is left.
+- the second job must fit in what is left. Its policy may take all of
+  it; XLA's BFC keeps its own limit, its share of the whole device (the
+  device growing, the bench's convention; 0.75 of it preallocating),
+  sizes its regions under that limit, and backs a region the device
+  refuses off to 90% of its size while that still holds the request
+  (tsl's BFCAllocator::Extend; the model's `bfc_limit`). Preallocating,
+  it so asks for its 0.75 of the device first: on the fake GPU the
+  second of two JAX defaults on a 256 MiB device got 62 MiB, 192 MiB x
+  0.9^11 in whole 2 MiB granules (docs/results/workloads.md). The lake
+  and bfc-growth preallocate what is left.
 
 The pair's fit capacity is the smallest device, in whole 2 MiB granules,
 on which both fit, and its U_fit the two jobs' peak live bytes (summed:
@@ -49,8 +52,6 @@ BESIDE = "beside"
 #: XLA's default share of the device (XLA_CLIENT_MEM_FRACTION), which a
 #: preallocating first process takes.
 FRACTION = 0.75
-#: XLA's BFC backs a refused region off to this share of its size.
-BACKOFF = 0.9
 #: Granules below a bisected boundary that are also tried (as fit.cc does:
 #: success need not be monotone in the capacity).
 BELOW = 4
@@ -126,28 +127,16 @@ def preallocating(policy: str, options: Optional[Dict[str, Any]]) -> bool:
             or (policy == "bfc-growth" and "bfc_growth_increment" in o))
 
 
-def backoff_region(limit: int, room: int) -> int:
-    """The region XLA's BFC gets when it asks for `limit` bytes and the
-    device has `room` left: 90% of the size while the driver refuses it,
-    each try in whole granules (the driver's); 0 when none fits."""
-    size = float(limit)
-    while size >= GRANULARITY:
-        if up(int(size)) <= room:
-            return up(int(size))
-        size *= BACKOFF
-    return 0
-
-
 def second_options(policy: str, options: Optional[Dict[str, Any]],
-                   limit: int, room: int) -> Optional[Dict[str, Any]]:
-    """The second job's policy options: a preallocating BFC's first region
-    is what its back-off finds in `room` (its ask being `limit`); the
-    other policies keep theirs, the capacity (`room`) cutting a
+                   limit: int) -> Optional[Dict[str, Any]]:
+    """The second job's policy options, its capacity being the room the
+    first leaves: XLA's BFC keeps its own memory `limit` (its share of the
+    whole device) and backs off from it when the device refuses
+    (`bfc_limit`); the other policies keep theirs, the capacity cutting a
     preallocation to what is left."""
-    if policy == "bfc" and preallocating(policy, options):
+    if policy == "bfc":
         out = dict(options or {})
-        out["bfc_initial_region"] = max(GRANULARITY,
-                                         backoff_region(limit, room))
+        out["bfc_limit"] = limit
         return out
     return options
 
@@ -197,7 +186,7 @@ def check(first: tracefile.Trace, second: tracefile.Trace, policy: str,
         return PairCheck(device, False, hold, room, first=a,
                          failed="second")
     b = replay(second, policy, room, timeline_points=0, timing=False,
-               options=second_options(policy, options, share, room),
+               options=second_options(policy, options, share),
                latency=latency, capped_figures=figures)
     return PairCheck(device, b.oom is None, hold, room, first=a, second=b,
                      failed="" if b.oom is None else "second")

@@ -300,7 +300,7 @@ class PairFitter(Fitter):
                        ) -> Tuple[str, Optional[Dict[str, Any]]]:
         replayed, options = MODEL_VARIANTS.get(policy, (policy, None))
         return replayed, _pair.second_options(
-            replayed, options, _pair.up(self.budget[policy]), capacity)
+            replayed, options, self.budget[policy])
 
 
 class RealRuns:
