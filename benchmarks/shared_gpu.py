@@ -18,23 +18,18 @@ device, whatever it uses of them) are sampled from the shared accounting.
     .venv/bin/python benchmarks/shared_gpu.py --allocators lake,default \\
         --sizes 16,64 --memory 512MiB
 
-The figures are those of the fake device: XLA's allocators and the lake run
+The pair runs are jaxlake/_src/fit/beside.py's, which `jaxlake fit
+--beside` runs too. The figures are those of the fake device: XLA's allocators and the lake run
 as they do on a GPU, but kernels do not run (README, "No GPU?").
 """
 
 from __future__ import annotations
 
 import argparse
-import ctypes
 import os
 import pathlib
-import signal
-import subprocess
 import sys
 import tempfile
-import threading
-import time
-import uuid
 from typing import Dict, List, Optional, Tuple
 
 ROOT = pathlib.Path(__file__).resolve().parents[1]
@@ -42,6 +37,8 @@ if sys.path and pathlib.Path(sys.path[0]).resolve() == ROOT:
     del sys.path[0]  # the installed jaxlake, not the source tree
 BIN = pathlib.Path(sys.executable).parent
 MiB = 1 << 20
+
+from jaxlake._src.fit import beside  # noqa: E402
 
 #: Each row: the environment that picks XLA's allocator (None: the lake,
 #: under plain `jaxlake run`), and what it is.
@@ -67,49 +64,6 @@ def parse_size(text: str) -> int:
         if low.endswith(unit):
             return int(float(low[:-len(unit)]) * factor)
     return int(low)
-
-
-class Monitor:
-    """Samples each process's device bytes from the shared accounting
-    (jaxlake_fakegpu_shared_usage of the fake GPU's library), every
-    `period` seconds, keeping each pid's peak."""
-
-    def __init__(self, library: str, period: float = 0.05) -> None:
-        self.lib = ctypes.CDLL(library)
-        self.lib.jaxlake_fakegpu_shared_usage.restype = ctypes.c_int
-        self.period = period
-        self.peaks: Dict[int, int] = {}
-        self.total_peak = 0
-        self._stop = threading.Event()
-        self._thread: Optional[threading.Thread] = None
-
-    def sample(self) -> Dict[int, int]:
-        pids = (ctypes.c_int * 64)()
-        used = (ctypes.c_ulonglong * 64)()
-        n = self.lib.jaxlake_fakegpu_shared_usage(0, pids, used, 64)
-        if n < 0:
-            raise RuntimeError("the fake GPU's memory is not shared "
-                               "(JAXLAKE_FAKEGPU_SHARED unset?)")
-        return {pids[i]: used[i] for i in range(min(n, 64))}
-
-    def start(self) -> None:
-        self.peaks, self.total_peak = {}, 0
-        self._stop.clear()
-        self._thread = threading.Thread(target=self._run, daemon=True)
-        self._thread.start()
-
-    def stop(self) -> None:
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-
-    def _run(self) -> None:
-        while not self._stop.is_set():
-            now = self.sample()
-            for pid, n in now.items():
-                self.peaks[pid] = max(self.peaks.get(pid, 0), n)
-            self.total_peak = max(self.total_peak, sum(now.values()))
-            time.sleep(self.period)
 
 
 def command(allocator: str, name: str, memory: int, argv: List[str]
@@ -142,66 +96,26 @@ def job(preset: str, batch: Optional[int], steps: int,
     return argv
 
 
-def why(stderr: str) -> str:
-    """What a failed run's output says of why, from its first line that
-    names an error (out of memory first)."""
-    for key in ("Out of memory while trying to allocate", "RESOURCE_EXHAUSTED",
-                "out of memory", "Error", "error"):
-        for line in stderr.splitlines():
-            if key in line:
-                return line[line.index(key):].strip()[:120]
-    return stderr.strip().splitlines()[-1][:120] if stderr.strip() else "?"
-
-
 def run_pair(args: argparse.Namespace, allocator: str, size: int,
-             monitor: Monitor, logdir: str) -> Dict[str, object]:
-    steps_log = os.path.join(logdir, f"{allocator}-{size}-first.jsonl")
+             monitor: beside.Monitor, logdir: str) -> Dict[str, object]:
+    # The first job is under way once it has logged --warm-steps steps
+    # (its --log-json file, {READY}: one line a step).
     first_cmd, env = command(allocator, args.name, args.memory,
                              job(args.preset, args.first_batch, 100000,
-                                 args.seq_len, steps_log))
+                                 args.seq_len, beside.READY_PLACEHOLDER))
     second_cmd, env2 = command(allocator, args.name, args.memory,
                                job(args.preset, size, args.steps,
                                    args.seq_len))
-    out1 = open(os.path.join(logdir, f"{allocator}-{size}-first.log"), "w+")
-    monitor.start()
-    first = subprocess.Popen(first_cmd, env=env, stdout=out1,
-                             stderr=subprocess.STDOUT, cwd=str(ROOT))
-    # The first job is under way once it has logged --warm-steps steps.
-    deadline = time.monotonic() + args.timeout
-    while time.monotonic() < deadline and first.poll() is None:
-        try:
-            with open(steps_log) as f:
-                if sum(1 for _ in f) >= args.warm_steps:
-                    break
-        except FileNotFoundError:
-            pass
-        time.sleep(0.2)
-    first_held_alone = monitor.sample().get(first.pid, 0)
-    second = subprocess.run(second_cmd, env=env2, capture_output=True,
-                            text=True, timeout=args.timeout, cwd=str(ROOT))
-    first_alive = first.poll() is None
-    if first_alive:
-        first.send_signal(signal.SIGKILL)
-    first.wait()
-    monitor.stop()
-    out1.seek(0)
-    first_log = out1.read()
-    out1.close()
-    with open(os.path.join(logdir, f"{allocator}-{size}-second.log"),
-              "w") as f:
-        f.write(second.stdout + second.stderr)
-    peaks = monitor.peaks
-    second_peak = max((n for pid, n in peaks.items() if pid != first.pid),
-                      default=0)
-    ok = first_alive and second.returncode == 0
+    r = beside.run_pair(first_cmd, env, second_cmd, env2, logdir,
+                        f"{allocator}-{size}", monitor,
+                        ready_lines=args.warm_steps, timeout=args.timeout,
+                        cwd=str(ROOT))
     return {
-        "allocator": allocator, "size": size, "fits": ok,
-        "first_ok": first_alive, "second_ok": second.returncode == 0,
-        "first_alone": first_held_alone,
-        "first_peak": peaks.get(first.pid, 0), "second_peak": second_peak,
-        "total_peak": monitor.total_peak,
-        "why": "" if ok else (why(second.stderr) if second.returncode
-                              else "first: " + why(first_log)),
+        "allocator": allocator, "size": size, "fits": r.fits,
+        "first_ok": r.first_ok, "second_ok": r.second_code == 0,
+        "first_alone": r.first_alone, "first_peak": r.first_peak,
+        "second_peak": r.second_peak, "total_peak": r.total_peak,
+        "why": r.why(),
     }
 
 
@@ -239,16 +153,12 @@ def main(argv: Optional[List[str]] = None) -> int:
             parser.error(f"--allocators: {row!r} is none of "
                          f"{', '.join(ALLOCATORS)}")
     sizes = sorted(int(s) for s in args.sizes.split(","))
-    args.name = f"bench-{uuid.uuid4().hex[:10]}"
+    args.name = beside.shared_name("bench")
     logdir = args.logs or tempfile.mkdtemp(prefix="jaxlake-shared-gpu-")
     os.makedirs(logdir, exist_ok=True)
     # The monitor joins the shared accounting under the same name and
     # device, before any job starts.
-    os.environ.update(JAXLAKE_FAKEGPU_SHARED=args.name,
-                      JAXLAKE_FAKEGPU_MEMORY=str(args.memory),
-                      JAXLAKE_FAKEGPU_COUNT="1")
-    from jaxlake._src.xla import fakegpu
-    monitor = Monitor(fakegpu.library_path())
+    monitor = beside.Monitor.join(args.name, args.memory)
     print(f"shared fake device: {args.memory / MiB:.0f} MiB; first job: "
           f"train_lm.py --preset {args.preset} --batch {args.first_batch} "
           f"--seq-len {args.seq_len or 'preset'}; second job: the same at --batch "
@@ -269,9 +179,7 @@ def main(argv: Optional[List[str]] = None) -> int:
                 if not r["fits"]:
                     break
     finally:
-        path = f"/dev/shm/jaxlake-fakegpu-{os.getuid()}-{args.name}"
-        if os.path.exists(path):
-            os.unlink(path)
+        beside.remove_shared(args.name)
     print()
     print("| allocator | largest second batch that fits | first job holds "
           "(alone / peak) | second job's peak | both, peak | the next size |")

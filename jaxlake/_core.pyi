@@ -144,6 +144,7 @@ class PolicyOptions:
     latency: LatencyModel
     lake: LakeOptions
     bfc_initial_region: int
+    bfc_limit: int
     bfc_max_internal_fragmentation: int
     bfc_growth_increment: int
     torch_max_split_size: int

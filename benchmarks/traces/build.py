@@ -42,6 +42,12 @@ EXAMPLES = ROOT / "examples"
 #: XLA's GPU client on the fake GPU under the lake (`jaxlake run --fake-gpu
 #: --trace`), for what the recorder cannot compile without a device.
 RECORDER, FAKE_GPU = "recorder", "fake-gpu"
+#: A pair's second job: the shim's trace of the example run on a fake
+#: device shared (`--fake-gpu-shared`) with a first job that keeps running
+#: its steps, untraced, from before the second starts to after it ends
+#: (jaxlake/_src/fit/beside.py). Its meta names the first job's trace
+#: (docs/traces.md, "Pairs").
+FAKE_GPU_BESIDE = "fake-gpu-beside"
 
 #: XLA's flags of a fake-GPU recording: autotuning off (on the fake it
 #: times kernels that do not run, and its scratch follows its choices).
@@ -53,7 +59,8 @@ class Spec(NamedTuple):
     script: str          # which example
     args: Sequence[str]  # its options (besides --trace)
     about: str           # one line for the README table
-    engine: str = RECORDER  # RECORDER or FAKE_GPU
+    engine: str = RECORDER  # RECORDER, FAKE_GPU or FAKE_GPU_BESIDE
+    beside: Optional["Spec"] = None  # FAKE_GPU_BESIDE: the first job
 
 
 _SMALL = ("--preset", "small", "--steps", "12", "--batch", "16",
@@ -196,6 +203,14 @@ HOLDOUT_SEEDS = (100, 101, 102, 103)
 _SERVE = ("--preset", "small", "--max-len", "1024", "--cache-block", "256",
           "--prompt-len", "64,512", "--new-tokens", "64,512",
           "--requests", "20", "--slots", "8", "--compile-only")
+#: The shared GPU's first job (benchmarks/shared_gpu.py's): alone on a
+#: shared fake device, 3 steps (it holds its peak from its first steps on).
+_SHARED_FIRST = Spec(
+    "shared-first-tiny", "train_lm.py",
+    ("--preset", "tiny", "--batch", "32", "--attention", "xla", "--steps",
+     "3"),
+    "the first of two trainers sharing one GPU (a pair's first job: "
+    "replayed only with the second)", FAKE_GPU)
 WORKLOADS: List[Spec] = [
     Spec("serve-small-grow", "serve_lm.py", _SERVE,
          "serving 20 requests, 8 at a time, each with its own KV cache "
@@ -222,6 +237,13 @@ WORKLOADS: List[Spec] = [
          "optimizer state held in pinned host memory and moved in and out "
          "each step, matmul outputs offloaded to it (fake GPU: the shim's "
          "trace of the device allocations)", FAKE_GPU),
+    _SHARED_FIRST,
+    Spec("shared-second-tiny", "train_lm.py",
+         ("--preset", "tiny", "--batch", "128", "--attention", "xla",
+          "--steps", "3"),
+         "a second trainer at batch 128, run beside the first on one shared "
+         "fake device; replayed as a pair with it", FAKE_GPU_BESIDE,
+         beside=_SHARED_FIRST),
 ]
 WORKLOADS_DIR = HERE / "workloads"
 
@@ -244,35 +266,61 @@ def _jaxlake() -> List[str]:
 
 
 def command(spec: Spec, trace: str, scratch: str = "{tmp}",
-            python: str = "python") -> List[str]:
+            python: str = "python", shared_name: str = "NAME") -> List[str]:
     """The command line that records `spec` into the file `trace`; its
     environment is _env's (JAX_PLATFORMS=cpu for the recorder,
-    XLA_FLAGS=FAKE_GPU_XLA_FLAGS on the fake GPU)."""
+    XLA_FLAGS=FAKE_GPU_XLA_FLAGS on the fake GPU). A pair's second job
+    runs on the shared fake device `shared_name`, beside first_command()."""
     args = [a.replace("{tmp}", scratch) for a in spec.args]
     example = os.path.join("examples", spec.script)
-    if spec.engine == FAKE_GPU:
-        return [*_jaxlake(), "run", "--quiet", "--fake-gpu", "--trace",
-                trace, "--", python, example, "--no-progress", *args]
+    if spec.engine in (FAKE_GPU, FAKE_GPU_BESIDE):
+        shared = (["--fake-gpu-shared", shared_name]
+                  if spec.engine == FAKE_GPU_BESIDE else [])
+        return [*_jaxlake(), "run", "--quiet", "--fake-gpu", *shared,
+                "--trace", trace, "--", python, example, "--no-progress",
+                *args]
     if spec.engine != RECORDER:
         raise ValueError(f"{spec.name}: unknown engine {spec.engine!r}")
     return [python, example, "--no-progress", "--no-jaxlake", *args,
             "--trace", trace, "--trace-name", spec.name]
 
 
+def first_command(spec: Spec, python: str = "python",
+                  shared_name: str = "NAME") -> List[str]:
+    """The command of a pair's first job while its second is recorded:
+    untraced, on the shared fake device, running steps until it is
+    stopped, one line a step in {READY} (beside.py)."""
+    assert spec.beside is not None
+    first = spec.beside
+    args = [a for a in first.args]
+    if "--steps" in args:
+        args[args.index("--steps") + 1] = "100000"
+    return [*_jaxlake(), "run", "--quiet", "--fake-gpu", "--fake-gpu-shared",
+            shared_name, "--", python,
+            os.path.join("examples", first.script), "--no-progress", *args,
+            "--log-json", "{READY}"]
+
+
 def shown(spec: Spec) -> str:
     """`spec`'s command as --list prints it: a shell line run from the
     repository's root, its environment first."""
-    env = (f"XLA_FLAGS={FAKE_GPU_XLA_FLAGS}" if spec.engine == FAKE_GPU
-           else "JAX_PLATFORMS=cpu")
+    fake = spec.engine in (FAKE_GPU, FAKE_GPU_BESIDE)
+    env = (f"XLA_FLAGS={FAKE_GPU_XLA_FLAGS}" if fake else "JAX_PLATFORMS=cpu")
     line = command(spec, f"{spec.name}.jsonl.gz")
-    if spec.engine == FAKE_GPU:
+    if fake:
         line[:len(_jaxlake())] = ["jaxlake"]
-    return f"{env} {shlex.join(line)}"
+    text = f"{env} {shlex.join(line)}"
+    if spec.engine == FAKE_GPU_BESIDE:
+        first = first_command(spec)
+        first[:len(_jaxlake())] = ["jaxlake"]
+        text += (f"\n      beside (started first, under way after 2 steps "
+                 f"logged, stopped after): {env} {shlex.join(first)}")
+    return text
 
 
 def _env(spec: Spec, cache: Optional[str]) -> Dict[str, str]:
     env = dict(os.environ)
-    if spec.engine == FAKE_GPU:
+    if spec.engine in (FAKE_GPU, FAKE_GPU_BESIDE):
         # XLA's GPU client on the fake device, every run compiled afresh.
         env.pop("JAX_PLATFORMS", None)
         env["XLA_FLAGS"] = FAKE_GPU_XLA_FLAGS
@@ -298,18 +346,22 @@ def build_one(spec: Spec, out: Path, verbose: bool,
         partial = Path(tmp) / final.name
         scratch = Path(tmp) / "scratch"
         scratch.mkdir()
-        cmd = command(spec, str(partial), str(scratch), sys.executable)
         started = time.perf_counter()
-        done = subprocess.run(cmd, env=_env(spec, cache), capture_output=True,
-                              text=True, cwd=str(ROOT))
+        if spec.engine == FAKE_GPU_BESIDE:
+            _record_beside(spec, str(partial), str(scratch), tmp, cache)
+        else:
+            cmd = command(spec, str(partial), str(scratch), sys.executable)
+            done = subprocess.run(cmd, env=_env(spec, cache),
+                                  capture_output=True, text=True,
+                                  cwd=str(ROOT))
+            if done.returncode != 0:
+                raise RuntimeError(
+                    f"{spec.name}: {' '.join(cmd)} exited {done.returncode}"
+                    f"\n{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
+            if verbose:
+                print(done.stdout.strip(), flush=True)
         seconds = time.perf_counter() - started
-        if done.returncode != 0:
-            raise RuntimeError(
-                f"{spec.name}: {' '.join(cmd)} exited {done.returncode}\n"
-                f"{done.stdout[-2000:]}\n{done.stderr[-4000:]}")
-        if verbose:
-            print(done.stdout.strip(), flush=True)
-        if spec.engine == FAKE_GPU:
+        if spec.engine in (FAKE_GPU, FAKE_GPU_BESIDE):
             _name_shim_trace(partial, final, spec)
         else:
             shutil.move(str(partial), final)
@@ -323,6 +375,27 @@ def build_one(spec: Spec, out: Path, verbose: bool,
             "params": header.get("meta", {}).get("params")}
 
 
+def _record_beside(spec: Spec, trace: str, scratch: str, logs: str,
+                   cache: Optional[str]) -> None:
+    """Records a pair's second job beside its first on one shared fake
+    device (jaxlake/_src/fit/beside.py)."""
+    from jaxlake._src.fit import beside
+    name = beside.shared_name("build")
+    env = _env(spec, cache)
+    try:
+        r = beside.run_pair(
+            first_command(spec, sys.executable, name), env,
+            command(spec, trace, scratch, sys.executable, name), env,
+            logs, spec.name, ready_lines=2, cwd=str(ROOT))
+    except beside.FitError as e:
+        raise RuntimeError(f"{spec.name}: {e}") from None
+    finally:
+        beside.remove_shared(name)
+    if not r.fits:
+        raise RuntimeError(f"{spec.name}: the pair did not run: {r.why()}"
+                           f"\n{r.second_output[-3000:]}")
+
+
 def _name_shim_trace(partial: Path, final: Path, spec: Spec) -> None:
     """Writes the shim's trace `partial` to `final` under the spec's name
     (the shim names every trace "shim"), its meta saying what ran; the
@@ -332,9 +405,13 @@ def _name_shim_trace(partial: Path, final: Path, spec: Spec) -> None:
     if len(trace) == 0:
         raise RuntimeError(f"{spec.name}: the shim's trace holds no "
                            "allocation: the lake served nothing")
-    trace.meta.update({"example": spec.script, "engine": FAKE_GPU,
+    trace.meta.update({"example": spec.script, "engine": spec.engine,
                        "args": list(spec.args),
                        "xla_flags": FAKE_GPU_XLA_FLAGS})
+    if spec.beside is not None:
+        # docs/traces.md, "Pairs": the first job's file, in this folder.
+        trace.meta["beside"] = f"{spec.beside.name}.jsonl.gz"
+        trace.meta["first_args"] = list(spec.beside.args)
     tracefile.write_jsonl(trace, str(final), name=spec.name)
 
 
@@ -374,8 +451,8 @@ def main(argv: Optional[List[str]] = None) -> int:
                              "tuned on) instead of the suite; needs --out")
     parser.add_argument("--workloads", action="store_true",
                         help="build the workloads group (serving, kept "
-                             "outputs, a temp arena, offloading) instead of "
-                             "the suite, "
+                             "outputs, a temp arena, offloading, the shared "
+                             "GPU's pair) instead of the suite, "
                              "into its own folder")
     args = parser.parse_args(argv)
     sets = [f for f, on in (("--per-tensor", args.per_tensor),

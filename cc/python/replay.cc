@@ -671,6 +671,7 @@ void BindReplay(nb::module_& m) {
       .def_rw("latency", &PolicyOptions::latency)
       .def_rw("lake", &PolicyOptions::lake)
       .def_rw("bfc_initial_region", &PolicyOptions::bfc_initial_region)
+      .def_rw("bfc_limit", &PolicyOptions::bfc_limit)
       .def_rw("bfc_max_internal_fragmentation",
               &PolicyOptions::bfc_max_internal_fragmentation)
       .def_rw("bfc_growth_increment", &PolicyOptions::bfc_growth_increment)

@@ -40,9 +40,10 @@ class BfcPolicy : public Policy {
  public:
   explicit BfcPolicy(const PolicyOptions& o)
       : device_(o.capacity, o.granularity, o.latency),
-        limit_(o.capacity / kBfcMinAlloc * kBfcMinAlloc),
+        limit_((o.bfc_limit != 0 ? o.bfc_limit : o.capacity) / kBfcMinAlloc *
+               kBfcMinAlloc),
         max_frag_(o.bfc_max_internal_fragmentation),
-        region_size_(BfcRounded(std::min(o.capacity, o.bfc_initial_region))) {}
+        region_size_(BfcRounded(std::min(limit_, o.bfc_initial_region))) {}
 
   const char* name() const override { return "bfc"; }
 

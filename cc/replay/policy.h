@@ -57,6 +57,13 @@ struct PolicyOptions {
 
   // bfc: the first region (then doubling) and the split threshold.
   std::size_t bfc_initial_region = 2 * kMiB;
+  // bfc: the allocator's own memory limit (XLA's fraction of the device),
+  // where it differs from the memory the device has for it (`capacity`):
+  // regions are sized under the limit, and one the device refuses is
+  // retried at 90% while that still holds the request. 0: the capacity.
+  // (A second process on a shared GPU: its limit is its share of the
+  // whole device, more than the first leaves it.)
+  std::size_t bfc_limit = 0;
   std::size_t bfc_max_internal_fragmentation = 128 * kMiB;
   // bfc-growth: XLA_PJRT_GPU_BFC_GROWTH_INCREMENT_BYTES, the first size
   // tried for each extension of the growing range.

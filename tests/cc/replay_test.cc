@@ -93,6 +93,30 @@ TEST(bfc_growth_is_cut_to_the_memory_left) {
   CHECK_EQ(p->check(), std::string());
 }
 
+TEST(bfc_limit_above_the_device_backs_off_by_a_tenth) {
+  // Its own limit 64 MiB on a device of 40 (a second process on a shared
+  // GPU): the region for 39 MiB doubles to 64, which the device refuses;
+  // 57.6, 51.8, 46.7 and 42.0 MiB are refused too, and 37.8 MiB no longer
+  // holds the request: out of memory, where a limit of the device's own
+  // 40 MiB cuts the region to 40 and serves it.
+  PolicyOptions o = Cap(40 * kMiB);
+  o.bfc_limit = 64 * kMiB;
+  auto p = Make("bfc", o);
+  std::uintptr_t x;
+  CHECK(!p->allocate(39 * kMiB, 0, &x));
+  CHECK_EQ(p->reserved(), 0u);
+  auto q = Make("bfc", Cap(40 * kMiB));
+  CHECK(q->allocate(39 * kMiB, 0, &x));
+  CHECK_EQ(q->reserved(), 40 * kMiB);
+  // On a device of 44 MiB the 42.0 MiB try fits (in 42 MiB of granules).
+  PolicyOptions w = Cap(44 * kMiB);
+  w.bfc_limit = 64 * kMiB;
+  auto r = Make("bfc", w);
+  CHECK(r->allocate(39 * kMiB, 0, &x));
+  CHECK_EQ(r->reserved(), 42 * kMiB);
+  CHECK_EQ(r->check(), std::string());
+}
+
 // ---- PyTorch caching allocator -----------------------------------------------
 
 TEST(torch_small_pool_uses_2mib_segments) {

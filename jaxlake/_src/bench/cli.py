@@ -245,7 +245,8 @@ def register(commands: Any) -> None:
     b.add_argument("--workloads", action="store_true",
                    help="bench the bundled workloads group (serving with "
                         "growing or slotted KV caches, kept outputs, a "
-                        "temp arena) instead of the suite")
+                        "temp arena, offloading, and two trainers sharing "
+                        "one GPU, replayed as a pair) instead of the suite")
     _add_policy(b)
     b.add_argument("--capacity", type=_capacity, default=Capacity(factor=1.1),
                    metavar="SIZE",
@@ -300,6 +301,11 @@ def register(commands: Any) -> None:
     r.add_argument("--lenient", action="store_true",
                    help="skip malformed lines, unknown frees and bad sizes, "
                         "and report what was skipped")
+    r.add_argument("--pair", action="store_true",
+                   help="TRACE is a pair's second job: replay it beside the "
+                        "first job its header names (meta.beside), two "
+                        "processes on one device; --capacity and --fit "
+                        "are the pair's device (docs/traces.md, Pairs)")
     _add_latency(r)
     _add_lake_option(r)
     _add_preallocate(r)
@@ -535,6 +541,8 @@ def replay_command(args: argparse.Namespace,
     policies, latency = chosen
     if not _check_image("replay", args.plot):
         return EXIT_USAGE
+    if args.pair:
+        return _replay_pair(args, out, policies, latency)
     trace = _read("replay", args.trace, args.lenient, out)
     if trace is None:
         return EXIT_INPUT
@@ -614,6 +622,78 @@ def replay_command(args: argparse.Namespace,
             written = plot.plot_trace(trace.name, results, args.plot,
                                       limits=args.capacity is not None)
             out.write(f"wrote {written}\n")
+        except plot.PlotError as e:
+            _error("replay", str(e))
+            return EXIT_INPUT
+    return 0
+
+
+def _replay_pair(args: argparse.Namespace, out: TextIO,
+                 policies: Sequence[str], latency: Any) -> int:
+    """`jaxlake replay --pair`: the pair whose second job is TRACE."""
+    from jaxlake._src.bench import pair
+    if args.trace == "-":
+        _error("replay", "--pair reads the first job's file beside TRACE: "
+                         "give TRACE as a file, not -")
+        return EXIT_USAGE
+    try:
+        first, second = pair.read_pair(args.trace, lenient=args.lenient)
+    except tracefile.TraceError as e:
+        _error("replay", str(e))
+        return EXIT_INPUT
+    for t in (first, second):
+        empty = empty_trace_problem(t)
+        if empty is not None:
+            _error("replay", empty)
+            return EXIT_USAGE
+    options = _checked_overrides("replay", args)
+    if options is None:
+        return EXIT_USAGE
+    try:
+        results = [pair.replay_pair(first, second, p, args.capacity,
+                                    options=options or None,
+                                    latency=latency)
+                   for p in policies]
+    except PolicyError as e:
+        _error("replay", f"--lake-option: {e}")
+        return EXIT_USAGE
+    head = results[0]
+    out.write(f"{second.name} beside {first.name}: {len(second)} + "
+              f"{len(first)} events, two processes on one device, peak "
+              f"live {format_bytes(head.peak_live)} (both jobs' peaks)"
+              f"{_lake_note(args)}\n")
+    out.write("each job through its own policy; the first holds its peak "
+              "reserved (preallocating: 0.75 of the device), the second "
+              "fits in what is left; fit capacity: the smallest device "
+              "for both\n\n")
+    out.write(columns.render([_one_trace(second.name, results)],
+                             wide=args.wide, summary=False) + "\n\n")
+    for r in results:
+        if r.capacity is not None:
+            line = (f"{r.policy}: under {format_bytes(r.capacity)}: "
+                    + (r.oom.describe() if r.oom is not None else "fits"))
+            out.write((line if args.wide else columns.wrap_lines(line))
+                      + "\n")
+    for r in results:
+        if r.fit_capacity is None:
+            out.write(f"{r.policy}: no device up to "
+                      f"{format_bytes(r.device_memory)} fits the pair\n")
+        else:
+            out.write(f"{r.policy}: the pair fits {format_bytes(r.fit_capacity)}"
+                      f", U_fit {r.u_fit or 0:.3f}\n")
+    if args.json:
+        data = {"format": "jaxlake-replay", "version": 1,
+                "pair": {"first": first.path, "second": second.path},
+                "capacity": str(args.capacity) if args.capacity else None,
+                "preallocate": list(PREALLOCATING) if args.preallocate
+                else [],
+                "results": {r.policy: r.to_json() for r in results}}
+        if not _write_json("replay", args.json, data, out):
+            return EXIT_INPUT
+    if args.plot:
+        from jaxlake._src.bench import plot
+        try:
+            out.write(f"wrote {plot.plot_trace(second.name, results, args.plot)}\n")
         except plot.PlotError as e:
             _error("replay", str(e))
             return EXIT_INPUT

@@ -21,6 +21,7 @@ import time
 from typing import (Any, Callable, Dict, List, Optional, Sequence,
                     TextIO, Tuple)
 
+from jaxlake._src.bench import pair
 from jaxlake._src.trace import tracefile
 from jaxlake._src.options import MIB, format_bytes
 from jaxlake._src.bench.replay import (Capacity, Latency, check_policies,
@@ -132,24 +133,40 @@ def run_suite(paths: Sequence[str], policies: Optional[Sequence[str]] = None,
     replay() takes them (lake options as "lake_<name>")."""
     names = check_policies(policies) if policies else list(policy_names())
     out: List[TraceResults] = []
+    # A pair's second trace names its first (pair.py); the first is a row
+    # only through the pair.
+    beside = {os.path.abspath(p): pair.beside_name(p) for p in paths}
+    firsts = {os.path.abspath(pair.first_path(p, n))
+              for p, n in beside.items() if n is not None}
     for path in paths:
+        if os.path.abspath(path) in firsts:
+            continue
         start = time.perf_counter()
-        trace = tracefile.read_trace(path, lenient=lenient)
+        first: Optional[tracefile.Trace] = None
+        if beside[os.path.abspath(path)] is not None:
+            first, trace = pair.read_pair(path, lenient=lenient)
+        else:
+            trace = tracefile.read_trace(path, lenient=lenient)
         load = time.perf_counter() - start
         results = []
         for name in names:
             if progress:
                 progress.update(f"{trace.name} / {name}")
-            results.append(replay(trace, name, capacity,
-                                  timeline_points=timeline_points,
-                                  latency=latency, fit=fit,
-                                  options=options or None))
+            if first is not None:
+                results.append(pair.replay_pair(
+                    first, trace, name, capacity, options=options or None,
+                    latency=latency, timeline_points=timeline_points))
+            else:
+                results.append(replay(trace, name, capacity,
+                                      timeline_points=timeline_points,
+                                      latency=latency, fit=fit,
+                                      options=options or None))
             if progress:
                 progress.step(f"{trace.name} / {name}")
-        first = results[0]
+        lead = results[0]
         out.append(TraceResults(name=trace.name, path=path,
-                                events=len(trace), devices=first.devices,
-                                peak_live=first.peak_live, load_s=load,
+                                events=lead.events, devices=lead.devices,
+                                peak_live=lead.peak_live, load_s=load,
                                 results=results))
     return out
 

@@ -91,6 +91,25 @@ def register(commands: Any) -> None:
     f.add_argument("--plot", default=None, metavar="OUT",
                    help="draw the value against each policy's peak "
                         "reserved bytes (.png, .svg, .pdf)")
+    f.add_argument("--beside", default=None, metavar="FIRST",
+                   help="run each value beside a first job on one shared "
+                        "fake device (one GPU shared by two processes): "
+                        "FIRST is its command line, one string, that "
+                        "keeps running until it is stopped; {READY} in it "
+                        "names a file it writes a line to per step (e.g. "
+                        "--log-json {READY}). Real runs start FIRST, run "
+                        "the command once FIRST is under way, then stop "
+                        "it; a value fits when the command ends well and "
+                        "FIRST has not failed. Models replay each value's "
+                        "trace beside FIRST's (recorded once) on the "
+                        "GPU's memory")
+    f.add_argument("--beside-steps", type=int, default=2, metavar="N",
+                   help="FIRST is under way once its {READY} file holds N "
+                        "lines (default 2)")
+    f.add_argument("--beside-wait", type=float, default=30.0,
+                   metavar="SECONDS",
+                   help="without {READY} in FIRST: it is under way after "
+                        "this many seconds (default 30)")
     f.add_argument("--quiet", action="store_true",
                    help="no progress lines")
     f.add_argument("argv", nargs=argparse.REMAINDER, metavar="COMMAND",
@@ -199,6 +218,15 @@ def main(args: argparse.Namespace) -> int:
                 image_format(args.plot)
             except PlotError as e:
                 raise FitError(f"--plot: {e}") from None
+        beside = None
+        if args.beside is not None:
+            import shlex
+            try:
+                beside = shlex.split(args.beside)
+            except ValueError as e:
+                raise FitError(f"--beside {args.beside!r}: {e}") from None
+            _run.check_beside(beside, args.engine, gpu, args.beside_steps,
+                              args.beside_wait)
         progress = None if args.quiet else sys.stderr
         if progress is not None:
             progress.write(
@@ -209,7 +237,9 @@ def main(args: argparse.Namespace) -> int:
                 + f", {len(policies)} policies\n")
         report = _run.fit(argv, vary, values, gpu, policies, args.engine,
                           fraction, lake_capacity, reserve, args.traces,
-                          progress)
+                          progress, beside=beside,
+                          beside_ready=args.beside_steps,
+                          beside_wait=args.beside_wait)
     except _engine.FakeGpuUnavailable as e:
         sys.stderr.write(f"jaxlake fit: error: {e}\n")
         return 1

@@ -328,6 +328,8 @@ class Outcome:
     request: Optional[int] = None     # the failed request, when XLA says
     message: str = ""                 # XLA's line, when out of memory
     seconds: float = 0.0
+    # Beside a first job (run_beside()): the first failed while it ran.
+    first_failed: bool = False
 
 
 def out_of_memory(output: str) -> Optional[str]:
@@ -389,3 +391,67 @@ def run_once(argv: Sequence[str], gpu: _engine.Gpu, policy: RealPolicy,
             "of memory: " + " ".join(cmd) + "\nits last lines (all of it "
             f"in {log}):\n" + "\n".join(
                 output.splitlines()[-_engine.TAIL_LINES:]))
+
+
+# -- beside a first job (`jaxlake fit --beside`) -----------------------------
+
+
+def run_beside(argv: Sequence[str], first: Sequence[str], gpu: _engine.Gpu,
+               policy: RealPolicy, fraction: Optional[float], logdir: str,
+               tag: str, label: str, progress: Optional[TextIO],
+               ready_lines: int = 2, wait: float = 30.0,
+               timeout: float = 3600.0) -> Outcome:
+    """Runs the program `argv` beside the first job `first`, both under
+    `policy` on one shared fake device of the GPU's memory (beside.py):
+    the first starts alone, the program runs once the first is under way,
+    then the first is stopped. It fits when the program ends well and the
+    first has not failed. FitError when the first fails alone or the
+    program fails for another reason than memory; FakeGpuUnavailable when
+    the fake cannot start."""
+    from jaxlake._src.fit import beside
+    name = beside.shared_name("fit")
+    shared = ["--fake-gpu-shared", name]
+
+    def cmd(program: Sequence[str]) -> List[str]:
+        return [*_engine.jaxlake_command(), "run",
+                *gpu.fake_gpu_options(gpu.memory), *shared,
+                *([] if policy.lake else ["--no-lake"]), "--", *program]
+
+    env = _engine.fresh_compile(run_environment(os.environ, policy,
+                                                fraction))
+    with _engine.Progress(progress, label) as p:
+        try:
+            r = beside.run_pair(cmd(first), env, cmd(argv), env, logdir,
+                                tag, ready_lines=ready_lines, settle=wait,
+                                timeout=timeout)
+        except beside.FirstFailed as e:
+            problem = _engine.fake_gpu_problem(e.output)
+            p.finish("the first job failed alone")
+            if problem is not None:
+                raise _engine.FakeGpuUnavailable(problem) from None
+            raise
+        finally:
+            beside.remove_shared(name)
+        if r.fits:
+            p.finish("fits")
+            return Outcome(True, seconds=p.elapsed)
+        if r.second_code != 0:
+            line = out_of_memory(r.second_output)
+            if line is not None:
+                p.finish("out of memory")
+                return Outcome(False, request_size(r.second_output), line,
+                               p.elapsed)
+            problem = _engine.fake_gpu_problem(r.second_output)
+            if problem is not None:
+                p.finish("fake GPU unavailable")
+                raise _engine.FakeGpuUnavailable(problem)
+            p.finish(f"failed (exit status {r.second_code})")
+            raise FitError(
+                f"{label}: the command failed with exit status "
+                f"{r.second_code}, not out of memory: " + " ".join(cmd(argv))
+                + f"\nits last lines (all of it in {logdir}/{tag}-second"
+                ".log):\n" + "\n".join(r.second_output.strip().splitlines()
+                                        [-_engine.TAIL_LINES:]))
+        p.finish("the first job failed")
+        return Outcome(False, None, "first job: " + beside.why(
+            r.first_output), p.elapsed, first_failed=True)

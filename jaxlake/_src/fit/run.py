@@ -13,10 +13,12 @@ import time
 from typing import (Any, Callable, Dict, List, Optional, Sequence, TextIO,
                     Tuple)
 
+from jaxlake._src.bench import pair as _pair
 from jaxlake._src.bench import replay as _replay
 from jaxlake._src.fit import engine as _engine
 from jaxlake._src.fit import real as _real
-from jaxlake._src.fit.search import (FRAGMENTATION, OUT_OF_MEMORY,
+from jaxlake._src.fit.search import (FIRST_JOB, FRAGMENTATION,
+                                     OUT_OF_MEMORY,
                                      SHORTAGE, FitError, PolicyFit,
                                      Probe, Vary, classify, gain,
                                      search_policy, substitute)
@@ -205,8 +207,14 @@ class Fitter:
             return done[value]
         trace = self.trace(value)
         live = self.info[value].peak_live
+        first = self.first_failure(policy)
+        if first is not None:
+            done[value] = Probe(value=value, fits=False, capacity=cap,
+                                peak_live=live, peak_reserved=0,
+                                reason=FIRST_JOB, message=first)
+            return done[value]
         self.replays += 1
-        replayed, options = MODEL_VARIANTS.get(policy, (policy, None))
+        replayed, options = self.replay_options(policy, cap)
         result = _replay.replay(trace, replayed, cap, timeline_points=0,
                                 timing=False, options=options)
         # Per device: the largest device's reserved bytes, as its peak
@@ -229,6 +237,70 @@ class Fitter:
                 p.reserved_at_failure = oom.reserved
         done[value] = p
         return p
+
+    def replay_options(self, policy: str, capacity: int
+                       ) -> Tuple[str, Optional[Dict[str, Any]]]:
+        """The replayed policy and its options for a model `policy`."""
+        return MODEL_VARIANTS.get(policy, (policy, None))
+
+    def first_failure(self, policy: str) -> Optional[str]:
+        """Why no value fits under `policy` whatever the value (a first
+        job that does not fit alone: PairFitter), or None."""
+        return None
+
+
+class PairFitter(Fitter):
+    """`jaxlake fit --beside`'s models: each value's trace is the second
+    job's, replayed beside the first job's trace (bench/pair.py): the
+    first holds what the policy holds for it alone under its budget (its
+    peak reserved; bfc-prealloc, JAX's default, its whole budget, the
+    device times XLA's 0.75), and the second's capacity is its budget cut
+    to what the first leaves of the device."""
+
+    def __init__(self, make_trace: Callable[[int], str],
+                 budget: Dict[str, int], reserve: int,
+                 first: tracefile.Trace, memory: int) -> None:
+        super().__init__(make_trace, budget, reserve)
+        self.first = first
+        self.memory = memory
+        self.holds: Dict[str, Tuple[int, Optional[str]]] = {}
+
+    def hold(self, policy: str) -> Tuple[int, Optional[str]]:
+        """(bytes the first job holds, why it fails alone or None)."""
+        if policy not in self.holds:
+            outside = _engine.outside_pool(self.first.meta) or 0
+            share = _granules(self.budget[policy] - self.reserve - outside)
+            replayed, options = MODEL_VARIANTS.get(policy, (policy, None))
+            result = _replay.replay(self.first, replayed, share,
+                                    timeline_points=0, timing=False,
+                                    options=options)
+            pre = _pair.preallocating(replayed, options)
+            if result.oom is not None:
+                self.holds[policy] = (0, (
+                    f"alone, it does not fit its capacity "
+                    f"{format_size(share)}: {result.oom.describe()}"))
+            else:
+                held = result.capped_peak_reserved \
+                    if result.capped_peak_reserved is not None \
+                    else result.peak_reserved
+                self.holds[policy] = (
+                    _pair.up(self.budget[policy]) if pre
+                    else _pair.up(held), None)
+        return self.holds[policy]
+
+    def first_failure(self, policy: str) -> Optional[str]:
+        return self.hold(policy)[1]
+
+    def capacity(self, policy: str, value: int) -> int:
+        own = super().capacity(policy, value)
+        room = _pair.down(self.memory - self.hold(policy)[0])
+        return max(0, min(own, room))
+
+    def replay_options(self, policy: str, capacity: int
+                       ) -> Tuple[str, Optional[Dict[str, Any]]]:
+        replayed, options = MODEL_VARIANTS.get(policy, (policy, None))
+        return replayed, _pair.second_options(
+            replayed, options, self.budget[policy])
 
 
 class RealRuns:
@@ -280,7 +352,8 @@ class RealRuns:
         done[value] = Probe(
             value=value, fits=outcome.fits, capacity=self.device,
             peak_live=0, peak_reserved=0,
-            reason=None if outcome.fits else OUT_OF_MEMORY,
+            reason=None if outcome.fits else (
+                FIRST_JOB if outcome.first_failed else OUT_OF_MEMORY),
             request_size=outcome.request, real=True,
             message=outcome.message or None)
         return done[value]
@@ -316,6 +389,10 @@ class FitReport:
         default_factory=_real.jax_default)
     real_runs: int = 0
     real_seconds: float = 0.0
+    # --beside: the first job's command, and what it holds under each
+    # model (bytes).
+    beside: Optional[List[str]] = None
+    first_holds: Dict[str, int] = dataclasses.field(default_factory=dict)
 
     def policy(self, name: str) -> Optional[PolicyFit]:
         return next((f for f in self.fits if f.policy == name), None)
@@ -371,6 +448,8 @@ class FitReport:
                 if nf.reason == OUT_OF_MEMORY:
                     next_failure["request"] = {"size": nf.request_size}
                     next_failure["message"] = nf.message
+                if nf.reason == FIRST_JOB:
+                    next_failure["message"] = nf.message
             shown = a if not real else None
             policies[f.policy] = {
                 "kind": self.kind(f.policy),
@@ -401,7 +480,9 @@ class FitReport:
             "gain_percent": self.gains(),
             "traces": [dataclasses.asdict(t) for t in self.traces],
             "replays": self.replays, "real_runs": self.real_runs,
-            "seconds": self.seconds}
+            "seconds": self.seconds,
+            "beside": None if self.beside is None else {
+                "command": self.beside, "first_holds": self.first_holds}}
 
     _probes: Dict[str, Dict[int, Probe]] = dataclasses.field(
         default_factory=dict)
@@ -445,13 +526,23 @@ def fit(argv: Sequence[str], vary: Vary, values: Sequence[int],
         progress: Optional[TextIO] = None,
         make_trace: Optional[Callable[[int], str]] = None,
         real_run: Optional[Callable[[_real.RealPolicy, int, str],
-                                    _real.Outcome]] = None) -> FitReport:
+                                    _real.Outcome]] = None,
+        beside: Optional[Sequence[str]] = None, beside_ready: int = 2,
+        beside_wait: float = 30.0,
+        first_trace: Optional[str] = None) -> FitReport:
     """Searches each policy's largest value. `make_trace(value)` -> path
     replaces the engine (tests), and `real_run(policy, value, label)` ->
     Outcome the real runs; `traces_dir` keeps the traces (and the real
     runs' logs) and reuses the traces of the same command. `reserve`:
     bytes outside the pool to subtract from every model's capacity,
-    besides what the traces report."""
+    besides what the traces report.
+
+    `beside`: the command runs beside this first job on one shared fake
+    device (--beside): real runs run both (real.run_beside(); the first
+    is under way once its {READY} file holds `beside_ready` lines, or
+    after `beside_wait` seconds without {READY}); models replay each
+    value's trace beside the first job's (PairFitter), recorded once
+    until it is under way, or read from `first_trace`."""
     start = time.monotonic()
     substitute(argv, vary, values[0])  # FitError when {NAME} is missing
     names = check_policies(policies)
@@ -460,6 +551,8 @@ def fit(argv: Sequence[str], vary: Vary, values: Sequence[int],
     if reals and engine != "fake-gpu" and real_run is None:
         raise FitError(f"{', '.join(reals)}: real runs run the command on "
                        "the fake GPU: use --engine fake-gpu (the default)")
+    if beside is not None:
+        check_beside(beside, engine, gpu, beside_ready, beside_wait)
     folder = traces_dir or tempfile.mkdtemp(prefix="jaxlake-fit-")
     if traces_dir:
         os.makedirs(traces_dir, exist_ok=True)
@@ -488,9 +581,15 @@ def fit(argv: Sequence[str], vary: Vary, values: Sequence[int],
         command = substitute(argv, vary, value)
         count = [gpu.count] if gpu.count != 1 else []
         key = hashlib.sha1(json.dumps([policy.name, gpu.memory, command]
-                                      + count).encode()).hexdigest()[:12]
-        log = os.path.join(folder, f"{policy.name[len(_real.PREFIX):]}-"
-                           f"{vary.name}-{value}-{key}.log")
+                                      + count + ([list(beside)] if beside
+                                                 else [])).encode()
+                           ).hexdigest()[:12]
+        tag = f"{policy.name[len(_real.PREFIX):]}-{vary.name}-{value}-{key}"
+        if beside is not None:
+            return _real.run_beside(command, beside, gpu, policy, fraction,
+                                    folder, tag, label, progress,
+                                    beside_ready, beside_wait)
+        log = os.path.join(folder, f"{tag}.log")
         return _real.run_once(command, gpu, policy, fraction, log, label,
                               progress)
 
@@ -498,9 +597,19 @@ def fit(argv: Sequence[str], vary: Vary, values: Sequence[int],
     # pool that its own trace reports; the report's capacities are the
     # first value's. Real runs have the fake device of the GPU's memory,
     # of which XLA takes its own share.
-    fitter = Fitter(make_trace or engine_trace,
-                    budgets(gpu.memory, models, fraction, lake_capacity),
-                    reserve)
+    budget = budgets(gpu.memory, models, fraction, lake_capacity)
+    fitter: Fitter
+    if beside is not None and models:
+        path = first_trace or record_first(
+            beside, os.path.join(folder, "first-" + hashlib.sha1(
+                json.dumps([gpu.fake_model, list(beside)]).encode()
+            ).hexdigest()[:12] + ".jsonl"), gpu, beside_ready, beside_wait,
+            progress, reuse=bool(traces_dir))
+        fitter = PairFitter(make_trace or engine_trace, budget, reserve,
+                            tracefile.read_trace(path, lenient=True),
+                            gpu.memory)
+    else:
+        fitter = Fitter(make_trace or engine_trace, budget, reserve)
     runs = RealRuns(fitter, real_run or engine_run, fraction, gpu.memory,
                     progress)
     cap = {name: fitter.capacity(name, values[0]) for name in models}
@@ -524,7 +633,105 @@ def fit(argv: Sequence[str], vary: Vary, values: Sequence[int],
         seconds=time.monotonic() - start, real_runs=runs.runs,
         real_seconds=runs.seconds)
     report._probes = fitter.probes
+    if isinstance(fitter, PairFitter):
+        report.beside = list(beside or [])
+        report.first_holds = {n: fitter.hold(n)[0] for n in models}
+    elif beside is not None:
+        report.beside = list(beside)
     return report
+
+
+def check_beside(first: Sequence[str], engine: str, gpu: _engine.Gpu,
+                 ready: int, wait: float) -> None:
+    """FitError naming what makes --beside impossible."""
+    if not first:
+        raise FitError("--beside: give the first job's command, e.g. "
+                       "--beside 'python train.py --steps 100000 "
+                       "--log-json {READY}'")
+    if engine != "fake-gpu":
+        raise FitError(f"--beside: the {engine} engine runs no program on "
+                       "a device; two jobs share one fake device only "
+                       "under --engine fake-gpu (the default)")
+    if gpu.count != 1:
+        raise FitError(f"--beside with --devices {gpu.count}: the shared "
+                       "device is one device; give --devices 1")
+    if ready < 1:
+        raise FitError(f"--beside-steps {ready}: give 1 or more lines")
+    if wait <= 0:
+        raise FitError(f"--beside-wait {wait:g}: give a positive number "
+                       "of seconds")
+
+
+def record_first(first: Sequence[str], path: str, gpu: _engine.Gpu,
+                 ready: int, wait: float, progress: Optional[TextIO],
+                 reuse: bool = False) -> str:
+    """Records the first job's trace for the models: on a large fake
+    device (the fit's recording device), until it is under way (as
+    beside.wait_ready() says), then interrupted (SIGINT: the program ends
+    through Python's own exit, and the shim writes the trace's last
+    lines). FitError when it fails before; FakeGpuUnavailable when the
+    fake cannot start."""
+    import signal
+    import subprocess
+    from jaxlake._src.fit import beside
+    if reuse and os.path.isfile(path) and os.path.getsize(path):
+        if progress is not None:
+            progress.write(f"  the first job: trace reused ({path})\n")
+        return path
+    log = path + ".log"
+    ready_file = path + ".ready"
+    for f in (path, ready_file):
+        if os.path.exists(f):
+            os.unlink(f)
+    argv = beside.with_ready(first, ready_file)
+    cmd = _engine.fake_gpu_command(argv, path, gpu)
+    env = _engine.fresh_compile(dict(os.environ))
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    platforms = env.get("JAX_PLATFORMS", "")
+    if platforms and not any(p.strip() in ("cuda", "gpu")
+                             for p in platforms.split(",")):
+        env.pop("JAX_PLATFORMS")
+    with _engine.Progress(progress, "the first job") as p:
+        with open(log, "w", encoding="utf-8") as out:
+            # SIGINT as by default in the job, even where this process was
+            # started with it ignored (a shell's background job), which
+            # the job would inherit.
+            job = subprocess.Popen(
+                cmd, env=env, stdout=out, stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                preexec_fn=lambda: signal.signal(signal.SIGINT,
+                                                 signal.SIG_DFL) and None)
+            under_way = beside.wait_ready(
+                job, ready_file if beside.has_ready(first) else None, ready,
+                wait, 3600.0, None)
+            code = job.poll()
+            if under_way:
+                job.send_signal(signal.SIGINT)
+                try:
+                    job.wait(timeout=120)
+                except subprocess.TimeoutExpired:
+                    job.kill()
+                    job.wait()
+            elif code is None:
+                job.kill()
+                job.wait()
+        output = _engine.tail(log, 200)
+        if not under_way and code != 0:
+            p.finish("failed")
+            problem = _engine.fake_gpu_problem(output)
+            if problem is not None:
+                raise _engine.FakeGpuUnavailable(problem)
+            raise FitError(
+                f"--beside: the first job failed alone (exit status {code}):"
+                " " + " ".join(cmd) + f"\nits last lines (all of it in "
+                f"{log}):\n"
+                + "\n".join(output.splitlines()[-_engine.TAIL_LINES:]))
+        if not os.path.isfile(path) or os.path.getsize(path) == 0:
+            p.finish("no trace")
+            raise FitError(f"--beside: the first job wrote no trace at "
+                           f"{path}; its output is in {log}")
+        p.finish("recorded")
+    return path
 
 
 # -- the report for people -------------------------------------------------
@@ -624,6 +831,16 @@ def format_report(report: FitReport) -> str:
         lines.append(outside_line(report))
         lines.append("capacity: " + ", ".join(
             f"{n} {size(c)}" for n, c in models.items()))
+    if report.beside is not None:
+        lines.append(
+            "beside the first job " + " ".join(report.beside) + ": each "
+            "value runs on the same device while it runs (real runs: both "
+            "programs on one shared fake device, under the same allocator; "
+            "models: the first job's trace holds what the policy holds for "
+            "it alone, the capacities above are the second's, cut to what "
+            "it leaves" + ("; the first holds " + ", ".join(
+                f"{n} {size(h)}" for n, h in report.first_holds.items())
+                if report.first_holds else "") + ")")
     if reals:
         each = (f"{report.gpu.count} fake devices of" if report.gpu.count > 1
                 else "a fake device of")

@@ -133,6 +133,10 @@ FRAGMENTATION = "fragmentation"
 #: A real run's verdict: XLA's own allocator ran out of memory (whether
 #: for a shortage or for fragmentation, a real run does not say).
 OUT_OF_MEMORY = "out of memory"
+#: `jaxlake fit --beside`: the first job failed (a model: it does not fit
+#: its capacity alone; a real run: it failed while the candidate ran);
+#: `message` says how.
+FIRST_JOB = "first job"
 
 
 @dataclasses.dataclass
@@ -174,6 +178,8 @@ class Probe:
     def describe_failure(self) -> str:
         if self.fits:
             return ""
+        if self.reason == FIRST_JOB:
+            return f"the first job failed: {self.message or '?'}"
         if self.reason == OUT_OF_MEMORY:
             request = (f" (a request of {format_size(self.request_size)})"
                        if self.request_size else "")
@@ -205,6 +211,8 @@ class Probe:
             if self.reason == OUT_OF_MEMORY:
                 out["request"] = {"size": self.request_size}
                 out["message"] = self.message
+        if self.reason == FIRST_JOB:
+            out["message"] = self.message
         if self.beyond is not None:
             out["peak_live"] = None
             out["utilisation"] = None
