@@ -323,7 +323,7 @@ ops = {
     "qr_batched": lambda: jnp.linalg.qr(small),
     "inv_batched": lambda: jnp.linalg.inv(small),
     "det_batched": lambda: jnp.linalg.det(small),
-    "lu_batched": lambda: jax.scipy.linalg.lu(small),
+    "lu_batched": lambda: jax.lax.linalg.lu(small),
     "solve_triangular_batched":
         lambda: jax.scipy.linalg.solve_triangular(small, rhs, lower=True),
     "svd_complex": lambda: jnp.linalg.svd(cplx),
