@@ -166,7 +166,14 @@ print("gemmex type:", lib.cublasGemmEx(h, 0, 0, N, N, N, C.byref(one),
                                        -1))
 alpha_c = (F * 2)(1.0, 0.0)
 print("cscal:", lib.cublasCscal_v2(h, N, alpha_c, dev(mats), 1))
-print("cscal inc:", lib.cublasCscal_v2(h, N, alpha_c, dev(mats), 0))
+print("cscal host x:", lib.cublasCscal_v2(h, N, alpha_c, host, 1))
+# level 1 as the reference BLAS: no elements, or an increment of 0, is fine;
+# level 2 refuses an increment of 0
+print("cscal inc 0:", lib.cublasCscal_v2(h, N, alpha_c, dev(mats), 0))
+print("cscal none:", lib.cublasCscal_v2(h, -1, alpha_c, None, 1))
+print("gemv inc 0:", lib.cublasSgemv_v2(h, 0, N, N, C.byref(one), dev(mats),
+                                        N, dev(mats), 0, C.byref(one),
+                                        dev(mats), 1))
 print("csscal:", lib.cublasCsscal_v2(h, N, C.byref(one), dev(mats), 2))
 print("cscal handle:", lib.cublasCscal_v2(P(12345), N, alpha_c, dev(mats),
                                           1))
@@ -198,7 +205,9 @@ print("empty:", lib.cublasSaxpy_v2(h, 0, dev(taus), None, 1, None, 1))
     assert out["sgemm ldc"] == "7" and out["sgemm op"] == "7", out
     assert out["strided"] == "0" and out["strided past end"] == "7", out
     assert out["gemmex"] == "0" and out["gemmex type"] == "7", out
-    assert out["cscal"] == "0" and out["cscal inc"] == "7", out
+    assert out["cscal"] == "0" and out["cscal host x"] == "7", out
+    assert out["cscal inc 0"] == "0" and out["cscal none"] == "0", out
+    assert out["gemv inc 0"] == "7", out
     assert out["csscal"] == "0" and out["cscal handle"] == "1", out
     assert out["zscal past end"] == "7", out
     assert out["sdot"] == "0" and out["sdot no result"] == "7", out

@@ -79,10 +79,11 @@ class Check {
     if (!Ok(MulAdd(ld, cols - 1, rows, &elems))) return *this;
     return Bytes(p, elems, elem, count, stride);
   }
-  // `count` vectors of n elements, inc apart, `stride` elements apart.
+  // `count` vectors of n elements, inc apart (0: one element, as level 1
+  // allows), `stride` elements apart.
   Check& Vector(P p, I64 n, I64 inc, std::size_t elem, I64 count = 1,
                 I64 stride = 0) {
-    Inc(inc).Ok(stride >= 0);
+    Ok(stride >= 0);
     if (status_ != kSuccess || n <= 0 || count <= 0) return *this;
     std::uint64_t elems = 0;  // |inc| (n - 1) + 1
     if (!Ok(MulAdd(inc < 0 ? -inc : inc, n - 1, 1, &elems))) return *this;
@@ -146,81 +147,94 @@ I64 StoredCols(int op, I64 rows_of_op, I64 cols_of_op) {
 }
 
 // ---- level 1 ----------------------------------------------------------------
+//
+// As the reference BLAS, a routine of n <= 0 elements returns at once, and
+// an increment of 0 is allowed (cuBLAS names no INVALID_VALUE for them).
 
 template <typename I>
 int Xy(P h, I n, P x, I incx, P y, I incy, std::size_t e) {  // copy, swap
-  return Check(h).Dim(n).Vector(x, n, incx, e).Vector(y, n, incy, e).status();
+  if (n <= 0) return Check(h).status();
+  return Check(h).Vector(x, n, incx, e).Vector(y, n, incy, e).status();
 }
 template <typename I>
 int Axpy(P h, I n, P alpha, P x, I incx, P y, I incy, std::size_t e) {
-  return Check(h).Dim(n).Scalar(alpha, e).Vector(x, n, incx, e)
+  if (n <= 0) return Check(h).status();
+  return Check(h).Scalar(alpha, e).Vector(x, n, incx, e)
       .Vector(y, n, incy, e).status();
 }
 template <typename I>
 int Scal(P h, I n, P alpha, std::size_t alpha_bytes, P x, I incx,
          std::size_t e) {
-  return Check(h).Dim(n).Scalar(alpha, alpha_bytes).Vector(x, n, incx, e)
-      .status();
+  if (n <= 0) return Check(h).status();
+  return Check(h).Scalar(alpha, alpha_bytes).Vector(x, n, incx, e).status();
 }
 // dot, nrm2, asum, amax, amin: the result (of `r` bytes) is a scalar.
 template <typename I>
 int Reduce(P h, I n, P x, I incx, P y, I incy, P result, std::size_t r,
            std::size_t e) {
   Check c(h);
-  c.Dim(n).Vector(x, n, incx, e);
+  c.Scalar(result, r);
+  if (n <= 0) return c.status();
+  c.Vector(x, n, incx, e);
   if (y != nullptr || incy != 0) c.Vector(y, n, incy, e);
-  return c.Scalar(result, r).status();
+  return c.status();
 }
 template <typename I>
 int Rot(P h, I n, P x, I incx, P y, I incy, P cos, P sin, std::size_t e,
         std::size_t real, std::size_t sin_bytes) {
-  return Check(h).Dim(n).Vector(x, n, incx, e).Vector(y, n, incy, e)
+  if (n <= 0) return Check(h).status();
+  return Check(h).Vector(x, n, incx, e).Vector(y, n, incy, e)
       .Scalar(cos, real).Scalar(sin, sin_bytes).status();
 }
 
 // ---- level 2 ----------------------------------------------------------------
+//
+// An increment of 0 is CUBLAS_STATUS_INVALID_VALUE here.
 
 template <typename I>
 int Gemv(P h, int trans, I m, I n, P alpha, P a, I lda, P x, I incx, P beta,
          P y, I incy, std::size_t e) {
   const I xn = trans == 0 ? n : m, yn = trans == 0 ? m : n;
-  return Check(h).Op(trans).Dim(m).Dim(n).Scalar(alpha, e).Scalar(beta, e)
-      .Matrix(a, m, n, lda, e).Vector(x, xn, incx, e).Vector(y, yn, incy, e)
+  return Check(h).Op(trans).Dim(m).Dim(n).Inc(incx).Inc(incy)
+      .Scalar(alpha, e).Scalar(beta, e).Matrix(a, m, n, lda, e).Vector(x, xn, incx, e).Vector(y, yn, incy, e)
       .status();
 }
 template <typename I>
 int Ger(P h, I m, I n, P alpha, P x, I incx, P y, I incy, P a, I lda,
         std::size_t e) {
-  return Check(h).Dim(m).Dim(n).Scalar(alpha, e).Vector(x, m, incx, e)
+  return Check(h).Dim(m).Dim(n).Inc(incx).Inc(incy).Scalar(alpha, e)
+      .Vector(x, m, incx, e)
       .Vector(y, n, incy, e).Matrix(a, m, n, lda, e).status();
 }
 // symv, hemv
 template <typename I>
 int Symv(P h, int uplo, I n, P alpha, P a, I lda, P x, I incx, P beta, P y,
          I incy, std::size_t e) {
-  return Check(h).Fill(uplo).Dim(n).Scalar(alpha, e).Scalar(beta, e)
-      .Matrix(a, n, n, lda, e).Vector(x, n, incx, e).Vector(y, n, incy, e)
+  return Check(h).Fill(uplo).Dim(n).Inc(incx).Inc(incy).Scalar(alpha, e)
+      .Scalar(beta, e).Matrix(a, n, n, lda, e).Vector(x, n, incx, e).Vector(y, n, incy, e)
       .status();
 }
 // syr, her (alpha of `ab` bytes)
 template <typename I>
 int Syr(P h, int uplo, I n, P alpha, std::size_t ab, P x, I incx, P a, I lda,
         std::size_t e) {
-  return Check(h).Fill(uplo).Dim(n).Scalar(alpha, ab).Vector(x, n, incx, e)
+  return Check(h).Fill(uplo).Dim(n).Inc(incx).Scalar(alpha, ab)
+      .Vector(x, n, incx, e)
       .Matrix(a, n, n, lda, e).status();
 }
 // syr2, her2
 template <typename I>
 int Syr2(P h, int uplo, I n, P alpha, P x, I incx, P y, I incy, P a, I lda,
          std::size_t e) {
-  return Check(h).Fill(uplo).Dim(n).Scalar(alpha, e).Vector(x, n, incx, e)
-      .Vector(y, n, incy, e).Matrix(a, n, n, lda, e).status();
+  return Check(h).Fill(uplo).Dim(n).Inc(incx).Inc(incy).Scalar(alpha, e)
+      .Vector(x, n, incx, e).Vector(y, n, incy, e).Matrix(a, n, n, lda, e)
+      .status();
 }
 // trmv, trsv
 template <typename I>
 int Trmv(P h, int uplo, int trans, int diag, I n, P a, I lda, P x, I incx,
          std::size_t e) {
-  return Check(h).Fill(uplo).Op(trans).Diag(diag).Dim(n)
+  return Check(h).Fill(uplo).Op(trans).Diag(diag).Dim(n).Inc(incx)
       .Matrix(a, n, n, lda, e).Vector(x, n, incx, e).status();
 }
 
@@ -293,7 +307,7 @@ template <typename I>
 int Dgmm(P h, int side, I m, I n, P a, I lda, P x, I incx, P c, I ldc,
          std::size_t e) {
   return Check(h).Side(side).Dim(m).Dim(n).Matrix(a, m, n, lda, e)
-      .Vector(x, side == 0 ? m : n, incx == 0 ? 1 : incx, e)
+      .Vector(x, side == 0 ? m : n, incx, e)
       .Matrix(c, m, n, ldc, e).status();
 }
 
@@ -305,9 +319,10 @@ int GemvBatched(P h, int trans, I m, I n, P alpha, P a, I lda, I64 sa, P x,
   const I xn = trans == 0 ? n : m, yn = trans == 0 ? m : n;
   Check ck(h);
   ck.Op(trans).Dim(m).Dim(n).Dim(count).Scalar(alpha, e).Scalar(beta, e);
+  ck.Inc(incx).Inc(incy);
   if (arrays)
-    return ck.Ld(lda, m).Inc(incx).Inc(incy).Array(a, count).Array(x, count)
-        .Array(y, count).status();
+    return ck.Ld(lda, m).Array(a, count).Array(x, count).Array(y, count)
+        .status();
   return ck.Matrix(a, m, n, lda, e, count, sa)
       .Vector(x, xn, incx, e, count, sx).Vector(y, yn, incy, e, count, sy)
       .status();
