@@ -261,6 +261,11 @@ print("set attribute:", lib.cuptiActivitySetAttribute_v2(None, 5,
 back = U32()
 check(lib.cuptiActivityGetAttribute(5, C.byref(size), C.byref(back)), "get")
 print("attribute:", back.value)
+# CUpti_ActivityThreadIdType: DEFAULT 0, SYSTEM 1
+tid = C.c_int(7)
+print("thread id type:", lib.cuptiSetThreadIdType(1),
+      lib.cuptiGetThreadIdType(C.byref(tid)), tid.value)
+print("bad thread id type:", lib.cuptiSetThreadIdType(2))
 print("flush:", lib.cuptiActivityFlushAll(1))
 print("buffer calls:", len(calls))
 buf, rec = (C.c_uint8 * 64)(), P()
@@ -289,6 +294,8 @@ print("name:", s.value.decode())
     assert out["enable kind"] == "0", out
     assert out["enable invalid kind"] == "21", out  # CUPTI_ERROR_INVALID_KIND
     assert out["set attribute"] == "0" and out["attribute"] == "3", out
+    assert out["thread id type"] == "0 0 1", out
+    assert out["bad thread id type"] == "1", out
     assert out["flush"] == "0" and out["buffer calls"] == "0", out
     assert out["next record"] == "12", out  # CUPTI_ERROR_MAX_LIMIT_REACHED
     assert out["dropped"] == "0", out

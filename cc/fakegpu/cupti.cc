@@ -48,6 +48,7 @@ struct Cupti {
   void* request = nullptr;
   void* complete = nullptr;
   std::map<int, std::uint64_t> attributes;
+  int thread_id_type = 0;  // CUPTI_ACTIVITY_THREAD_ID_TYPE_DEFAULT
   std::map<int, std::vector<std::uint64_t>> external_ids;  // by kind
 };
 Cupti& State() {
@@ -327,6 +328,26 @@ LIB int cuptiActivitySetAttribute_v2(void* subscriber, int attr,
   ENTER();
   if (!Subscribed(subscriber)) return kInvalidParameter;
   return SetAttribute(attr, size, value);
+}
+
+// The thread ids activity records carry (CUpti_ActivityThreadIdType:
+// DEFAULT 0, SYSTEM 1), which CUDA 13's XLA sets to the system's.
+LIB int cuptiSetThreadIdType(int type) {
+  ENTER();
+  if (type != 0 && type != 1) return kInvalidParameter;
+  Cupti& c = State();
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.thread_id_type = type;
+  return kSuccess;
+}
+
+LIB int cuptiGetThreadIdType(int* type) {
+  ENTER();
+  if (type == nullptr) return kInvalidParameter;
+  Cupti& c = State();
+  std::lock_guard<std::mutex> lock(c.mu);
+  *type = c.thread_id_type;
+  return kSuccess;
 }
 
 // Latency timestamps, hardware tracing: flags of records the fake never
