@@ -275,12 +275,15 @@ int Trsm(P h, int side, int uplo, int trans, int diag, I m, I n, P alpha, P a,
   }
   return ck.status();
 }
-// syrk, herk (scalars of `sb` bytes); syr2k, her2k, syrkx, herkx (b given)
+// syrk, herk; syr2k, her2k, syrkx, herkx (`two`: b given). beta has `sb`
+// bytes (real for the Hermitian ones), and so has herk's alpha; the others'
+// alpha is of the element type.
 template <typename I>
 int Syrk(P h, int uplo, int trans, I n, I k, P alpha, P a, I lda, P b, I ldb,
          P beta, std::size_t sb, P c, I ldc, std::size_t e, bool two) {
   Check ck(h);
-  ck.Fill(uplo).Op(trans).Dim(n).Dim(k).Scalar(alpha, e).Scalar(beta, sb)
+  ck.Fill(uplo).Op(trans).Dim(n).Dim(k).Scalar(alpha, two ? e : sb)
+      .Scalar(beta, sb)
       .Matrix(a, Stored(trans, n, k), StoredCols(trans, n, k), lda, e);
   if (two) ck.Matrix(b, Stored(trans, n, k), StoredCols(trans, n, k), ldb, e);
   return ck.Matrix(c, n, n, ldc, e).status();
