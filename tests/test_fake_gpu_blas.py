@@ -20,11 +20,10 @@ import pytest
 from fakegpu_util import PRELUDE, fake_run, jax_reason, result
 from test_fake_gpu_libs import results, run
 
-# cublas_api.h: statuses, and what every test below starts with: a handle,
-# four 16 x 16 float matrices in device memory, and the device arrays of a
-# batch (pointers, pivots, infos).
+# What the cuBLAS tests start with: a handle, four 16 x 16 float matrices in
+# device memory, and the device arrays of a batch (pointers, pivots, infos).
+# cublasStatus_t: SUCCESS 0, NOT_INITIALIZED 1, INVALID_VALUE 7.
 CUBLAS = r"""
-OK, NOT_INIT, INVALID = 0, 1, 7
 F, I, D = C.c_float, C.c_int, C.c_double
 h = P()
 check(lib.cublasCreate_v2(C.byref(h)), "create")
