@@ -65,9 +65,11 @@ set(JAXLAKE_FAKEGPU_SOURCES
   cc/fakegpu/cudnn.cc
   cc/fakegpu/cudnn_backend.cc
   cc/fakegpu/cublas.cc
+  cc/fakegpu/cublas_blas.cc
   cc/fakegpu/nccl.cc
   cc/fakegpu/graph_runtime.cc
   cc/fakegpu/libs.cc
+  cc/fakegpu/cupti.cc
   cc/fakegpu/cufft.cc
   cc/fakegpu/cusolver.cc
   cc/fakegpu/cusparse.cc

@@ -13,6 +13,7 @@
 #include <set>
 #include <vector>
 
+#include "cc/fakegpu/cublas.h"
 #include "cc/fakegpu/fakegpu.h"
 
 namespace fg = jaxlake::fakegpu;
@@ -149,6 +150,12 @@ int GetLt(void* p, int attr, void* buf, std::size_t size,
 
 }  // namespace
 
+int jaxlake::fakegpu::CublasPointerMode(const void* handle) {
+  std::lock_guard<std::mutex> lock(Hs().mu);
+  auto it = Hs().live.find(const_cast<void*>(handle));
+  return it == Hs().live.end() ? -1 : it->second.pointer_mode;
+}
+
 #define ACCEPT(name)              \
   LIB int name(void*, ...) {      \
     ENTER();                      \
@@ -262,26 +269,7 @@ LIB const char* cublasGetStatusString(int status) {
   return cublasGetStatusName(status);
 }
 
-// The matrix products XLA calls: kernels, which do not run.
-ACCEPT(cublasGemmEx)
-ACCEPT(cublasGemmBatchedEx)
-ACCEPT(cublasGemmStridedBatchedEx)
-ACCEPT(cublasSgemm_v2)
-ACCEPT(cublasDgemm_v2)
-ACCEPT(cublasHgemm)
-ACCEPT(cublasCgemm_v2)
-ACCEPT(cublasZgemm_v2)
-ACCEPT(cublasSgemmStridedBatched)
-ACCEPT(cublasDgemmStridedBatched)
-ACCEPT(cublasHgemmStridedBatched)
-ACCEPT(cublasCgemmStridedBatched)
-ACCEPT(cublasZgemmStridedBatched)
-ACCEPT(cublasSgemmBatched)
-ACCEPT(cublasDgemmBatched)
-ACCEPT(cublasStrsmBatched)
-ACCEPT(cublasDtrsmBatched)
-ACCEPT(cublasStrsm_v2)
-ACCEPT(cublasDtrsm_v2)
+// The routines (products, solves, factorizations): cublas_blas.cc.
 
 // ---- cuBLASLt ---------------------------------------------------------------
 

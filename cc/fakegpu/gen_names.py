@@ -60,8 +60,10 @@ RETURNS_STRING = frozenset({
     "ncclGetErrorString", "ncclGetLastError",
     "nvmlErrorString",
 })
-#: Strings that match a pattern but are not functions (types, messages).
-NOT_FUNCTIONS = re.compile(r"(_t|_st|Enum|Status|Error|Type|Mode|Attr)$|^cudnnBackend$")
+#: Strings that match a pattern but are not functions (types). Names that
+#: end in Mode, Type, Error, Status or Attr are functions too
+#: (cuptiSetThreadIdType, cudaGetLastError, nvmlDeviceGetMigMode).
+NOT_FUNCTIONS = re.compile(r"(_t|_st|Enum)$|^cudnnBackend$|^cudaError$")
 
 
 def _strings(path: str, min_len: int = 6) -> Iterable[str]:

@@ -433,6 +433,25 @@ RT int __cudaPopCallConfiguration(Dim3* grid, Dim3* block,
   return kSuccess;
 }
 
+// CUDA 13's launch of nvcc's code (crt/host_runtime.h): the kernel of a
+// function is looked up once (__cudaGetKernel, as cudaGetKernel) and each
+// launch goes through __cudaLaunchKernel with the popped configuration.
+// Kernels do not run, as with cudaLaunchKernel: the kernel must be one
+// __cudaGetKernel gave (non-null); the arguments, grid and block are not
+// read.
+RT int __cudaGetKernel(void** kernel, const void* symbol) {
+  ENTER();
+  if (kernel == nullptr || symbol == nullptr) return kErrorInvalidValue;
+  *kernel = const_cast<void*>(symbol);
+  return kSuccess;
+}
+
+RT int __cudaLaunchKernel(const void* kernel, Dim3, Dim3, void**,
+                          std::size_t, void*) {
+  ENTER();
+  return kernel != nullptr ? kSuccess : kErrorInvalidValue;
+}
+
 // ---- NVML -------------------------------------------------------------------
 
 namespace {
