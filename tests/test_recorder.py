@@ -347,7 +347,7 @@ def test_workloads_group_is_apart_from_the_suite(
     from jaxlake._src.bench import suite as bench
     build = _build_py()
     names = [s.name for s in build.WORKLOADS]
-    assert len(names) == len(set(names)) == 5
+    assert len(names) == len(set(names)) == 7  # 5 workloads, a pair
     assert not set(names) & ({s.name for s in build.SUITE} | set(build.KEPT))
     assert build.WORKLOADS_DIR == _SUITE_FOLDER / bench.WORKLOADS_GROUP
     files = {p.name[:-len(".jsonl.gz")]
@@ -361,13 +361,20 @@ def test_workloads_group_is_apart_from_the_suite(
         spec = next(s for s in build.WORKLOADS if s.name == name)
         # The recorder's traces, or the shim's of a fake-GPU run, renamed.
         assert trace.name == name and trace.source == {
-            build.RECORDER: "recorder", build.FAKE_GPU: "shim"}[spec.engine]
-        if spec.engine == build.FAKE_GPU:
+            build.RECORDER: "recorder", build.FAKE_GPU: "shim",
+            build.FAKE_GPU_BESIDE: "shim"}[spec.engine]
+        if spec.engine in (build.FAKE_GPU, build.FAKE_GPU_BESIDE):
             assert trace.meta["args"] == list(spec.args)
+        if spec.engine == build.FAKE_GPU_BESIDE:
+            # The pair's second names its first, a trace of the group.
+            assert spec.beside is not None and spec.beside.name in names
+            assert spec.beside.name in str(trace.meta["beside"])
     assert total < 2 << 20
     assert build.main(["--workloads", "--list"]) == 0
     lines = capsys.readouterr().out.splitlines()
-    assert [line.split()[0] for line in lines[::2]] == names
+    # One line a trace, its command (and a pair's first job) indented.
+    assert [line.split()[0] for line in lines
+            if not line.startswith(" ")] == names
     # Each trace's command, under its line: the fake GPU's through
     # `jaxlake run`, the recorder's with the example's --trace.
     for spec, line in zip(build.WORKLOADS, lines[1::2]):
