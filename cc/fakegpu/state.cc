@@ -118,6 +118,14 @@ Options ReadOptions() {
   const std::string log = Env("JAXLAKE_FAKEGPU_LOG");
   if (!log.empty()) o.log = log;
   o.stats = Env("JAXLAKE_FAKEGPU_STATS");
+  const std::string loop = Env("JAXLAKE_FAKEGPU_LOOP_LIMIT");
+  if (!loop.empty()) {
+    if (ParseU64(loop, &v))
+      o.loop_limit = v;
+    else
+      BadOption("JAXLAKE_FAKEGPU_LOOP_LIMIT", loop,
+                "a number of reads (0: no limit)");
+  }
   o.shared = Env("JAXLAKE_FAKEGPU_SHARED");
   return o;
 }
@@ -510,6 +518,59 @@ void Move(void* dst, const void* src, std::size_t n) {
       c.copy_written += end - done;
     }
     done = end;
+  }
+}
+
+namespace {
+// ReadLoopGuard's books: per device address, the nonzero byte its last
+// one-byte reads gave and how many times in a row. Never destroyed: stream
+// threads may copy while the process exits.
+struct LoopReads {
+  std::mutex mu;
+  std::unordered_map<std::uintptr_t, std::pair<unsigned char, std::uint64_t>>
+      last;
+  bool named = false;
+};
+LoopReads& L() {
+  static LoopReads* const l = new LoopReads();
+  return *l;
+}
+bool DeviceMemory(std::uintptr_t p) {
+  Range r;
+  return FindRange(p, &r) && r.kind != Kind::kHost;
+}
+}  // namespace
+
+void ReadLoopGuard(void* dst, const void* src, std::size_t n) {
+  const std::uint64_t limit = Opts().loop_limit;
+  if (n != 1 || limit == 0) return;
+  const auto s = reinterpret_cast<std::uintptr_t>(src);
+  const auto d = reinterpret_cast<std::uintptr_t>(dst);
+  if (!DeviceMemory(s) || DeviceMemory(d)) return;
+  auto* out = static_cast<unsigned char*>(dst);
+  LoopReads& l = L();
+  std::lock_guard<std::mutex> lock(l.mu);
+  if (*out == 0) {
+    l.last.erase(s);
+    return;
+  }
+  auto& [value, count] = l.last[s];
+  if (value != *out) {
+    value = *out;
+    count = 0;
+  }
+  if (++count < limit) return;
+  l.last.erase(s);
+  *out = 0;
+  if (!l.named) {
+    l.named = true;
+    std::fprintf(stderr,
+                 "jaxlake fake GPU: a one-byte device-to-host read gave the "
+                 "same nonzero value %llu times in a row (a loop on a flag "
+                 "that kernels compute, and kernels do not run here): that "
+                 "read, and every such one after the limit, gives 0 "
+                 "(JAXLAKE_FAKEGPU_LOOP_LIMIT)\n",
+                 static_cast<unsigned long long>(limit));
   }
 }
 

@@ -1,0 +1,96 @@
+"""What third-party JAX programs do that the other fake-GPU tests do not
+(benchmarks/compat/sweep.sh runs them whole): loops on values that kernels
+compute, the profiler, ... Each test is one thing a program of that sweep
+found broken, checked at the fake or under `jaxlake run --fake-gpu`.
+They are CPU tests of the integration, never a stand-in for a GPU figure.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from fakegpu_util import (NEEDS_FAKE_GPU, NEEDS_JAX, PRELUDE, fake_run,
+                          library_run, result)
+
+#: Drives the fake's driver through ctypes: one device, its context current.
+DRIVER = """
+import ctypes, json, sys
+lib = ctypes.CDLL(sys.argv[1])
+def ck(r, what=""):
+    assert r == 0, f"{what}: error {r}"
+ck(lib.cuInit(0))
+_dev = ctypes.c_int()
+ck(lib.cuDeviceGet(ctypes.byref(_dev), 0))
+_ctx = ctypes.c_void_p()
+ck(lib.cuDevicePrimaryCtxRetain(ctypes.byref(_ctx), _dev))
+ck(lib.cuCtxSetCurrent(_ctx))
+U64 = ctypes.c_uint64
+"""
+
+
+@NEEDS_FAKE_GPU
+def test_one_byte_reads_of_a_stuck_flag_end_at_the_loop_limit() -> None:
+    proc = library_run("""
+flag = U64()
+ck(lib.cuMemAlloc_v2(ctypes.byref(flag), ctypes.c_size_t(16)), "alloc")
+one = ctypes.c_ubyte(1)
+ck(lib.cuMemcpyHtoD_v2(flag, ctypes.byref(one), ctypes.c_size_t(1)), "HtoD")
+out = ctypes.c_ubyte()
+def read(nbytes=1, async_=False):
+    if async_:
+        ck(lib.cuMemcpyDtoHAsync_v2(ctypes.byref(out), flag,
+                                    ctypes.c_size_t(nbytes), None), "DtoHA")
+        ck(lib.cuStreamSynchronize(None), "sync")
+    else:
+        ck(lib.cuMemcpyDtoH_v2(ctypes.byref(out), flag,
+                               ctypes.c_size_t(nbytes)), "DtoH")
+    return out.value
+first = [read(async_=i % 2 == 1) for i in range(5)]   # the 5th ends the loop
+again = [read() for _ in range(4)]                    # a new count
+wide = [read(nbytes=2) & 0xff for _ in range(8)]      # not one byte: exact
+# a read of another value restarts the count
+two = ctypes.c_ubyte(2)
+ck(lib.cuMemcpyHtoD_v2(flag, ctypes.byref(two), ctypes.c_size_t(1)), "HtoD")
+mixed = [read() for _ in range(3)]
+print("RESULT " + json.dumps(dict(first=first, again=again, wide=wide,
+                                  mixed=mixed)))
+""", prelude=DRIVER, env={"JAXLAKE_FAKEGPU_LOOP_LIMIT": "5"})
+    out = result(proc)
+    assert out["first"] == [1, 1, 1, 1, 0]
+    assert out["again"] == [1, 1, 1, 1]
+    assert out["wide"] == [1] * 8
+    assert out["mixed"] == [2, 2, 2]
+    assert proc.stderr.count("JAXLAKE_FAKEGPU_LOOP_LIMIT") == 1
+
+
+@NEEDS_FAKE_GPU
+def test_loop_limit_zero_turns_the_guard_off() -> None:
+    proc = library_run("""
+flag = U64()
+ck(lib.cuMemAlloc_v2(ctypes.byref(flag), ctypes.c_size_t(16)), "alloc")
+one = ctypes.c_ubyte(1)
+ck(lib.cuMemcpyHtoD_v2(flag, ctypes.byref(one), ctypes.c_size_t(1)), "HtoD")
+out = ctypes.c_ubyte()
+reads = []
+for _ in range(3000):
+    ck(lib.cuMemcpyDtoH_v2(ctypes.byref(out), flag, ctypes.c_size_t(1)))
+    reads.append(out.value)
+print("RESULT " + json.dumps(dict(zeros=reads.count(0))))
+""", prelude=DRIVER, env={"JAXLAKE_FAKEGPU_LOOP_LIMIT": "0"})
+    assert result(proc)["zeros"] == 0
+
+
+@NEEDS_JAX
+def test_while_loop_on_a_flag_kernels_would_clear_ends() -> None:
+    # The loop's flag starts True (a copy of the argument) and only the
+    # body's kernel, which does not run here, would clear it: XLA reads it
+    # back each iteration. Without the loop guard this never ends.
+    proc = fake_run(PRELUDE + """
+f = jax.jit(lambda flag, x: jax.lax.while_loop(
+    lambda c: c[0], lambda c: (jnp.logical_not(c[0]), c[1] + 1), (flag, x)))
+out = f(jax.device_put(np.bool_(True)), jnp.zeros(4))
+jax.block_until_ready(out)
+report(done=True)
+""", timeout=120)
+    assert result(proc)["done"]
+    assert "JAXLAKE_FAKEGPU_LOOP_LIMIT" in proc.stderr
