@@ -33,34 +33,63 @@ def test_one_byte_reads_of_a_stuck_flag_end_at_the_loop_limit() -> None:
     proc = library_run("""
 flag = U64()
 ck(lib.cuMemAlloc_v2(ctypes.byref(flag), ctypes.c_size_t(16)), "alloc")
-one = ctypes.c_ubyte(1)
-ck(lib.cuMemcpyHtoD_v2(flag, ctypes.byref(one), ctypes.c_size_t(1)), "HtoD")
-out = ctypes.c_ubyte()
-def read(nbytes=1, async_=False):
+def put(v):
+    b = ctypes.c_ubyte(v)
+    ck(lib.cuMemcpyHtoD_v2(flag, ctypes.byref(b), ctypes.c_size_t(1)), "HtoD")
+out, other = ctypes.c_ubyte(), ctypes.c_ubyte()
+def read(into=out, nbytes=1, async_=False):
     if async_:
-        ck(lib.cuMemcpyDtoHAsync_v2(ctypes.byref(out), flag,
+        ck(lib.cuMemcpyDtoHAsync_v2(ctypes.byref(into), flag,
                                     ctypes.c_size_t(nbytes), None), "DtoHA")
         ck(lib.cuStreamSynchronize(None), "sync")
     else:
-        ck(lib.cuMemcpyDtoH_v2(ctypes.byref(out), flag,
+        ck(lib.cuMemcpyDtoH_v2(ctypes.byref(into), flag,
                                ctypes.c_size_t(nbytes)), "DtoH")
-    return out.value
+    return into.value
+put(1)
 first = [read(async_=i % 2 == 1) for i in range(5)]   # the 5th ends the loop
-again = [read() for _ in range(4)]                    # a new count
+stuck = [read() for _ in range(4)]                    # now ends at the 2nd
+elsewhere = [read(into=other) for _ in range(4)]      # another reader
 wide = [read(nbytes=2) & 0xff for _ in range(8)]      # not one byte: exact
-# a read of another value restarts the count
-two = ctypes.c_ubyte(2)
-ck(lib.cuMemcpyHtoD_v2(flag, ctypes.byref(two), ctypes.c_size_t(1)), "HtoD")
-mixed = [read() for _ in range(3)]
-print("RESULT " + json.dumps(dict(first=first, again=again, wide=wide,
-                                  mixed=mixed)))
+put(2)
+changed = [read() for _ in range(3)]                  # a new value: a new count
+print("RESULT " + json.dumps(dict(first=first, stuck=stuck, wide=wide,
+                                  elsewhere=elsewhere, changed=changed)))
 """, prelude=DRIVER, env={"JAXLAKE_FAKEGPU_LOOP_LIMIT": "5"})
     out = result(proc)
     assert out["first"] == [1, 1, 1, 1, 0]
-    assert out["again"] == [1, 1, 1, 1]
+    assert out["stuck"] == [1, 0, 1, 0]
+    assert out["elsewhere"] == [1, 1, 1, 1]
     assert out["wide"] == [1] * 8
-    assert out["mixed"] == [2, 2, 2]
+    assert out["changed"] == [2, 0, 2]
     assert proc.stderr.count("JAXLAKE_FAKEGPU_LOOP_LIMIT") == 1
+
+
+@NEEDS_FAKE_GPU
+def test_nested_loops_on_one_stuck_flag_both_end() -> None:
+    # Two loops, one inside the other, whose predicates XLA placed at the
+    # same device address, each read into its own host buffer (as each
+    # while loop has its own): the inner loop must not take every 0 the
+    # guard hands out, or the outer one never ends.
+    proc = library_run("""
+flag = U64()
+ck(lib.cuMemAlloc_v2(ctypes.byref(flag), ctypes.c_size_t(16)), "alloc")
+one = ctypes.c_ubyte(1)
+ck(lib.cuMemcpyHtoD_v2(flag, ctypes.byref(one), ctypes.c_size_t(1)), "HtoD")
+outer_pred, inner_pred = ctypes.c_ubyte(), ctypes.c_ubyte()
+def read(into):
+    ck(lib.cuMemcpyDtoH_v2(ctypes.byref(into), flag, ctypes.c_size_t(1)))
+    return into.value
+outer = inner = 0
+while read(outer_pred) and outer < 1000:
+    outer += 1
+    while read(inner_pred) and inner < 100000:
+        inner += 1
+print("RESULT " + json.dumps(dict(outer=outer, inner=inner)))
+""", prelude=DRIVER, env={"JAXLAKE_FAKEGPU_LOOP_LIMIT": "5"})
+    out = result(proc)
+    assert out["outer"] == 4                 # its 5th read is the 0
+    assert out["inner"] == 4 + 3 * 1         # 4, then 1 a turn once stuck
 
 
 @NEEDS_FAKE_GPU
