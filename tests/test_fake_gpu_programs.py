@@ -1,8 +1,9 @@
 """What third-party JAX programs do that the other fake-GPU tests do not
-(benchmarks/compat/sweep.sh runs them whole): loops on values that kernels
-compute, the profiler, ... Each test is one thing a program of that sweep
-found broken, checked at the fake or under `jaxlake run --fake-gpu`.
-They are CPU tests of the integration, never a stand-in for a GPU figure.
+(benchmarks/compat/sweep.sh runs such programs whole): here, loops on
+values that kernels compute, which never ended on the fake (the loop
+guard, JAXLAKE_FAKEGPU_LOOP_LIMIT), checked at the fake's driver and under
+`jaxlake run --fake-gpu`. They are CPU tests of the integration, never a
+stand-in for a GPU figure.
 """
 
 from __future__ import annotations
