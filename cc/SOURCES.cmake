@@ -68,6 +68,7 @@ set(JAXLAKE_FAKEGPU_SOURCES
   cc/fakegpu/nccl.cc
   cc/fakegpu/graph_runtime.cc
   cc/fakegpu/libs.cc
+  cc/fakegpu/cupti.cc
   cc/fakegpu/stubs.cc
 )
 # The fake GPU's loader guard (cc/fakegpu/interpose.cc), preloaded by

@@ -1,8 +1,9 @@
 """What third-party JAX programs do that the other fake-GPU tests do not
-(benchmarks/compat/sweep.sh runs such programs whole): here, loops on
-values that kernels compute, which never ended on the fake (the loop
-guard, JAXLAKE_FAKEGPU_LOOP_LIMIT), checked at the fake's driver and under
-`jaxlake run --fake-gpu`. They are CPU tests of the integration, never a
+(benchmarks/compat/sweep.sh runs such programs whole): loops on values
+that kernels compute, which never ended on the fake (the loop guard,
+JAXLAKE_FAKEGPU_LOOP_LIMIT), and jax.profiler's use of CUPTI, which the
+fake answered "not supported"; each checked at the fake's library and
+under `jaxlake run --fake-gpu`. They are CPU tests of the integration, never a
 stand-in for a GPU figure.
 """
 
@@ -124,3 +125,80 @@ report(done=True)
 """, timeout=120)
     assert result(proc)["done"]
     assert "JAXLAKE_FAKEGPU_LOOP_LIMIT" in proc.stderr
+
+
+@NEEDS_FAKE_GPU
+def test_cupti_subscribers_and_activity_api_answer_as_cupti_does() -> None:
+    proc = library_run("""
+c_void_pp = ctypes.POINTER(ctypes.c_void_p)
+t1, t2 = U64(), U64()
+ck(lib.cuptiGetTimestamp(ctypes.byref(t1)), "timestamp")
+ck(lib.cuptiGetTimestamp(ctypes.byref(t2)), "timestamp")
+a, b = ctypes.c_void_p(), ctypes.c_void_p()
+ck(lib.cuptiSubscribe(ctypes.byref(a), None, None), "subscribe")
+ck(lib.cuptiSubscribe_v2(ctypes.byref(b), None, None, None), "subscribe_v2")
+CB = ctypes.CFUNCTYPE(None)
+req, done = CB(lambda: None), CB(lambda: None)
+size, one = ctypes.c_size_t(1), ctypes.c_uint8(1)
+codes = dict(
+    enable_callback=lib.cuptiEnableCallback(1, b, 6, 1),
+    enable_domain=lib.cuptiEnableDomain(1, b, 6),
+    register=lib.cuptiActivityRegisterCallbacks_v2(b, req, done),
+    attribute=lib.cuptiActivitySetAttribute_v2(b, 4, ctypes.byref(size),
+                                               ctypes.byref(one)),
+    attribute_all=lib.cuptiActivitySetAttribute_v2(None, 4,
+                                                   ctypes.byref(size),
+                                                   ctypes.byref(one)),
+    enable=lib.cuptiActivityEnable_v2(b, 10, None),
+    disable=lib.cuptiActivityDisable_v2(b, 10),
+    flush=lib.cuptiActivityFlushAll(1),
+    unknown_subscriber=lib.cuptiActivityEnable_v2(ctypes.c_void_p(8), 10,
+                                                  None),
+    unsubscribe=lib.cuptiUnsubscribe(a),
+    unsubscribe_again=lib.cuptiUnsubscribe(a),
+    after_unsubscribe=lib.cuptiEnableDomain(1, a, 6),
+)
+buf = (ctypes.c_uint8 * 64)()
+rec = ctypes.c_void_p()
+codes["next_record"] = lib.cuptiActivityGetNextRecord(buf, ctypes.c_size_t(0),
+                                                      ctypes.byref(rec))
+dropped = ctypes.c_size_t(7)
+codes["dropped"] = lib.cuptiActivityGetNumDroppedRecords(
+    None, 0, ctypes.byref(dropped))
+s = ctypes.c_char_p()
+codes["string"] = lib.cuptiGetResultString(12, ctypes.byref(s))
+print("RESULT " + json.dumps(dict(
+    codes=codes, later=t2.value >= t1.value > 0, distinct=a.value != b.value,
+    dropped=dropped.value, string=s.value.decode())))
+""", prelude=DRIVER)
+    out = result(proc)
+    assert out["later"] and out["distinct"]
+    codes = out["codes"]
+    for ok in ("enable_callback", "enable_domain", "register", "attribute",
+               "attribute_all", "enable", "disable", "flush", "unsubscribe",
+               "dropped", "string"):
+        assert codes[ok] == 0, (ok, codes)
+    for bad in ("unknown_subscriber", "unsubscribe_again",
+                "after_unsubscribe"):
+        assert codes[bad] == 1, (bad, codes)      # INVALID_PARAMETER
+    assert codes["next_record"] == 12             # MAX_LIMIT_REACHED
+    assert out["dropped"] == 0
+    assert out["string"] == "CUPTI_ERROR_MAX_LIMIT_REACHED"
+    assert "not supported" not in proc.stderr
+
+
+@NEEDS_JAX
+def test_profiler_trace_starts_without_cupti_errors(tmp_path) -> None:
+    # XLA's GPU tracer subscribes to CUPTI and enables its activity kinds;
+    # the fake answered those "not supported" and XLA logged CUPTI errors.
+    proc = fake_run(PRELUDE + f"""
+import os
+f = jax.jit(lambda a: (a @ a).sum())
+with jax.profiler.trace({str(tmp_path)!r}):
+    f(jnp.ones((64, 64))).block_until_ready()
+files = [n for _, _, ns in os.walk({str(tmp_path)!r}) for n in ns]
+report(files=len(files))
+""", timeout=120)
+    assert result(proc)["files"] > 0
+    assert "not supported" not in proc.stderr
+    assert "CUPTI" not in proc.stderr, proc.stderr[-3000:]
