@@ -71,6 +71,10 @@ struct Options {
   // with every process that gives the same name (shared.cc); empty: this
   // process's own.
   std::string shared;
+  // JAXLAKE_FAKEGPU_LOOP_LIMIT: the read that makes this many in a row of
+  // the same nonzero byte from one device address into one host address,
+  // by one-byte device-to-host copies, gives 0 (0: never). ReadLoopGuard.
+  std::uint64_t loop_limit = 100;
 };
 const Options& Opts();
 // False for a device JAXLAKE_FAKEGPU_NO_VMM names.
@@ -142,6 +146,18 @@ void Fill(void* dst, T value, std::size_t count);  // T: 8, 16, 32 bits
 // memmove, except that whole destination pages whose source pages hold no
 // data (never written, or dropped) are dropped rather than written.
 void Move(void* dst, const void* src, std::size_t n);
+
+// Called after a copy of `n` bytes from `src` to `dst` has run. Kernels do
+// not run, so a flag that kernels compute never changes: a loop that reads
+// it back each turn (XLA's while loop reads its predicate, one byte, from
+// the device into a host buffer of its own every iteration) would never
+// end. A one-byte copy from device memory to host memory that reads the
+// same nonzero byte from the same device address into the same host
+// address for the loop_limit-th time in a row writes 0 instead (named once
+// on stderr), and that reader is then a stuck flag: its later loops end at
+// their second read in a row of one nonzero byte. A read of another value,
+// or of zero, starts that reader's count again.
+void ReadLoopGuard(void* dst, const void* src, std::size_t n);
 
 // The VMM calls' backing: memfd-backed mappings (jaxlake's HostDriver).
 vmm::HostDriver& Host();

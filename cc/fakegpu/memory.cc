@@ -95,11 +95,15 @@ CUresult Copy(void* dst, const void* src, std::size_t n, CUstream stream) {
     EnqueueTouching(s,
                     {{reinterpret_cast<CUdeviceptr>(dst), n},
                      {reinterpret_cast<CUdeviceptr>(src), n}},
-                    [dst, src, n] { fg::Move(dst, src, n); });
+                    [dst, src, n] {
+                      fg::Move(dst, src, n);
+                      fg::ReadLoopGuard(dst, src, n);
+                    });
   } else {
     s->Synchronize();
     if (CUresult r = Sticky(s->device()); r != CUDA_SUCCESS) return r;
     fg::Move(dst, src, n);
+    fg::ReadLoopGuard(dst, src, n);
   }
   return CUDA_SUCCESS;
 }
@@ -112,7 +116,10 @@ CUresult CopySync(void* dst, const void* src, std::size_t n) {
   if (CUresult r = CheckPeers(dev, dst, src, n); r != CUDA_SUCCESS) return r;
   for (fg::Stream* s : fg::StreamsOf(dev)) s->Synchronize();
   if (CUresult r = Sticky(dev); r != CUDA_SUCCESS) return r;
-  if (n != 0) fg::Move(dst, src, n);
+  if (n != 0) {
+    fg::Move(dst, src, n);
+    fg::ReadLoopGuard(dst, src, n);
+  }
   return CUDA_SUCCESS;
 }
 

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <set>
 #include <unordered_map>
 #include <vector>
@@ -118,6 +119,14 @@ Options ReadOptions() {
   const std::string log = Env("JAXLAKE_FAKEGPU_LOG");
   if (!log.empty()) o.log = log;
   o.stats = Env("JAXLAKE_FAKEGPU_STATS");
+  const std::string loop = Env("JAXLAKE_FAKEGPU_LOOP_LIMIT");
+  if (!loop.empty()) {
+    if (ParseU64(loop, &v))
+      o.loop_limit = v;
+    else
+      BadOption("JAXLAKE_FAKEGPU_LOOP_LIMIT", loop,
+                "a number of reads (0: no limit)");
+  }
   o.shared = Env("JAXLAKE_FAKEGPU_SHARED");
   return o;
 }
@@ -510,6 +519,70 @@ void Move(void* dst, const void* src, std::size_t n) {
       c.copy_written += end - done;
     }
     done = end;
+  }
+}
+
+namespace {
+// ReadLoopGuard's books, per reader: a device address and the host address
+// it is read into (XLA's while loop reads its predicate into a host buffer
+// of its own, so nested loops whose predicates share a device address are
+// told apart). For each, the nonzero byte its last reads gave and how many
+// times in a row; and the readers whose loop the guard has ended once
+// (stuck flags). Never destroyed: stream threads may copy while the process
+// exits.
+struct LoopReads {
+  using Reader = std::pair<std::uintptr_t, std::uintptr_t>;
+  std::mutex mu;
+  std::map<Reader, std::pair<unsigned char, std::uint64_t>> last;
+  std::set<Reader> stuck;
+  bool named = false;
+};
+LoopReads& L() {
+  static LoopReads* const l = new LoopReads();
+  return *l;
+}
+bool DeviceMemory(std::uintptr_t p) {
+  Range r;
+  return FindRange(p, &r) && r.kind != Kind::kHost;
+}
+}  // namespace
+
+void ReadLoopGuard(void* dst, const void* src, std::size_t n) {
+  const std::uint64_t limit = Opts().loop_limit;
+  if (n != 1 || limit == 0) return;
+  const auto s = reinterpret_cast<std::uintptr_t>(src);
+  const auto d = reinterpret_cast<std::uintptr_t>(dst);
+  if (!DeviceMemory(s) || DeviceMemory(d)) return;
+  auto* out = static_cast<unsigned char*>(dst);
+  const LoopReads::Reader reader{s, d};
+  LoopReads& l = L();
+  std::lock_guard<std::mutex> lock(l.mu);
+  if (*out == 0) {
+    l.last.erase(reader);
+    return;
+  }
+  auto& [value, count] = l.last[reader];
+  if (value != *out) {
+    value = *out;
+    count = 0;
+  }
+  // A flag the guard found stuck once ends its next loops at the second
+  // read: loops nested in a loop would otherwise cost limit reads each.
+  const std::uint64_t here =
+      l.stuck.count(reader) != 0 ? std::min<std::uint64_t>(limit, 2) : limit;
+  if (++count < here) return;
+  l.last.erase(reader);
+  l.stuck.insert(reader);
+  *out = 0;
+  if (!l.named) {
+    l.named = true;
+    std::fprintf(stderr,
+                 "jaxlake fake GPU: a one-byte device-to-host read gave the "
+                 "same nonzero value %llu times in a row (a loop on a flag "
+                 "that kernels compute, and kernels do not run here): it "
+                 "reads 0, and so does every such loop's flag once stuck "
+                 "(JAXLAKE_FAKEGPU_LOOP_LIMIT)\n",
+                 static_cast<unsigned long long>(limit));
   }
 }
 

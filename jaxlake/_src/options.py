@@ -182,6 +182,7 @@ OTHER_VARIABLES: Tuple[str, ...] = (
     "JAXLAKE_FAKEGPU_SHARED",
     "JAXLAKE_FAKEGPU_NO_VMM",
     "JAXLAKE_FAKEGPU_DRIVER_VERSION",
+    "JAXLAKE_FAKEGPU_LOOP_LIMIT",
     "JAXLAKE_FAKEGPU_LIBS",       # the fake's loader guard (fakegpu.py)
     "JAXLAKE_FAKEGPU_LOADS",
 )
