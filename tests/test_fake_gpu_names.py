@@ -117,3 +117,21 @@ def test_nvml_fabric_field_values_and_confidential_computing() -> None:
     assert out["returns"] == [0, 3] and out["links"] == 0
     assert out["stamped"]
     assert out["conf"] == 0 and out["cc"] == [0, 0, 0]
+
+
+def test_nvml_mig_mode_is_disabled() -> None:
+    # jax 0.12's start-up asks NVML for the MIG mode: an H100 or H200 with
+    # MIG disabled answers NVML_DEVICE_MIG_DISABLE (0), current and pending.
+    out = result(run_case("""
+    assert lib.nvmlInit_v2() == 0
+    h = ctypes.c_void_p()
+    assert lib.nvmlDeviceGetHandleByIndex_v2(0, ctypes.byref(h)) == 0
+    cur, pend = ctypes.c_uint(7), ctypes.c_uint(7)
+    r = lib.nvmlDeviceGetMigMode(h, ctypes.byref(cur), ctypes.byref(pend))
+    null = lib.nvmlDeviceGetMigMode(h, None, ctypes.byref(pend))
+    bad = lib.nvmlDeviceGetMigMode(ctypes.c_void_p(12345), ctypes.byref(cur),
+                                   ctypes.byref(pend))
+    report(r=r, cur=cur.value, pend=pend.value, null=null, bad=bad)
+    """))
+    assert out["r"] == 0 and out["cur"] == 0 and out["pend"] == 0
+    assert out["null"] == 2 and out["bad"] == 2  # INVALID_ARGUMENT

@@ -594,6 +594,19 @@ RT int nvmlDeviceGetCudaComputeCapability(void* h, int* major, int* minor) {
   return kNvmlSuccess;
 }
 
+// H100 and H200 support MIG; the fake devices run with it disabled, as a
+// GPU does until an administrator enables it (NVML_DEVICE_MIG_DISABLE, 0,
+// for the current and the pending mode).
+RT int nvmlDeviceGetMigMode(void* h, unsigned int* current,
+                            unsigned int* pending) {
+  ENTER();
+  if (NvmlIndex(h) < 0 || current == nullptr || pending == nullptr)
+    return kNvmlInvalidArgument;
+  *current = 0;
+  *pending = 0;
+  return kNvmlSuccess;
+}
+
 struct NvmlPciInfo {  // nvmlPciInfo_t
   char bus_id_legacy[16];
   unsigned domain, bus, device, pci_device_id, pci_subsystem_id;
