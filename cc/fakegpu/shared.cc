@@ -73,12 +73,7 @@ std::uint64_t StartTime(int pid) {
   return std::strtoull(p, nullptr, 10);
 }
 
-bool Alive(const Slot& s) {
-  if (s.pid <= 0) return false;
-  if (::kill(s.pid, 0) != 0 && errno == ESRCH) return false;
-  const std::uint64_t start = StartTime(s.pid);
-  return start == 0 || s.start == 0 || start == s.start;
-}
+bool Alive(const Slot& s) { return ProcessAlive(s.pid, s.start); }
 
 struct Shared {
   Segment* seg = nullptr;
@@ -239,6 +234,15 @@ void AtExit() {
 }
 
 }  // namespace
+
+std::uint64_t ProcessStartTime(int pid) { return StartTime(pid); }
+
+bool ProcessAlive(int pid, std::uint64_t start) {
+  if (pid <= 0) return false;
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  const std::uint64_t now = StartTime(pid);
+  return now == 0 || start == 0 || now == start;
+}
 
 bool SharedMode() { return !Opts().shared.empty(); }
 
