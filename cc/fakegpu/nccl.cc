@@ -623,7 +623,7 @@ int RunCollectiveShared(const Pending& p, const char* name) {
           break;
         }
         case Op::kBroadcast:
-          if (j == p.root_or_peer && j != me) std::memcpy(to + off, st, len);
+          if (j == p.root_or_peer) std::memcpy(to + off, st, len);
           break;
         default:
           break;

@@ -73,6 +73,21 @@ std::uint64_t StartTime(int pid) {
   return std::strtoull(p, nullptr, 10);
 }
 
+// Whether process `pid` has exited and waits for its parent to reap it
+// (state Z in /proc/PID/stat).
+bool Zombie(int pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  std::FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return false;
+  char buf[1024];
+  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');
+  return p != nullptr && p[1] == ' ' && p[2] == 'Z';
+}
+
 bool Alive(const Slot& s) { return ProcessAlive(s.pid, s.start); }
 
 struct Shared {
@@ -240,6 +255,7 @@ std::uint64_t ProcessStartTime(int pid) { return StartTime(pid); }
 bool ProcessAlive(int pid, std::uint64_t start) {
   if (pid <= 0) return false;
   if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  if (Zombie(pid)) return false;  // exited, not yet waited for
   const std::uint64_t now = StartTime(pid);
   return now == 0 || start == 0 || now == start;
 }
