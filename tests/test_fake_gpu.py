@@ -432,10 +432,17 @@ gather = jax.jit(lambda a: a, out_shardings=NamedSharding(mesh, P()))
 got = np.asarray(gather(x).addressable_data(0))
 total = jax.jit(lambda a: a.sum(), out_shardings=NamedSharding(mesh, P()))
 total(x).block_until_ready()  # an all-reduce: its value is meaningless
+try:
+    from jax import shard_map
+except ImportError:
+    from jax.experimental.shard_map import shard_map
+swap = jax.jit(shard_map(lambda a: jax.lax.ppermute(a, "p", [(0, 1), (1, 0)]),
+                         mesh=mesh, in_specs=P("p"), out_specs=P("p")))
+swapped = np.asarray(swap(x).addressable_data(0))  # a send and a receive
 print(f"RANK{rank} " + json.dumps({
     "processes": jax.process_count(), "devices": jax.device_count(),
     "local": [d.id for d in jax.local_devices()],
-    "gathered": got.tolist()}), flush=True)
+    "gathered": got.tolist(), "swapped": swapped.tolist()}), flush=True)
 jax.distributed.shutdown()
 if rank == 0:
     print("RESULT " + json.dumps({"child": child.wait(timeout=60)}))
@@ -446,8 +453,9 @@ def test_jax_distributed_two_processes_all_gather(tmp_path: pathlib.Path
                                                   ) -> None:
     # One process a GPU: rank 0 starts rank 1 (both on the run's fake GPU,
     # one device each), both join at a local coordinator, and jits over the
-    # global mesh all-gather and all-reduce across them, through NCCL
-    # communicators whose ranks live in two processes.
+    # global mesh all-gather, all-reduce and swap halves (ppermute: a send
+    # and a receive) across them, through NCCL communicators whose ranks
+    # live in two processes.
     import socket
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -467,6 +475,7 @@ def test_jax_distributed_two_processes_all_gather(tmp_path: pathlib.Path
         assert ranks[rank]["processes"] == 2
         assert ranks[rank]["devices"] == 2
         assert ranks[rank]["gathered"] == [1.0] * 4 + [2.0] * 4
+        assert ranks[rank]["swapped"] == [2.0 - rank] * 4  # the other's
     # each process's device is its own (global ids 0 and 1)
     assert ranks[0]["local"] != ranks[1]["local"]
     assert "waited" not in proc.stderr, proc.stderr[-4000:]
