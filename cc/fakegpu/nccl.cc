@@ -89,6 +89,12 @@ struct Clique {
   // A failure that ends the clique (ncclRemoteError): peers that died or
   // never came. Every later call on its communicators returns it.
   std::atomic<int> error{0};
+  // A segment's clique: its unique id, and this process's communicators
+  // of it (under the registry's mutex); the registry lets go of the clique
+  // (and, once its work is done, of the mapping) when the last is
+  // destroyed.
+  std::string id;
+  int comms = 0;
   std::mutex mu;
   std::condition_variable cv;
   // Collectives by sequence number; sends by (from, to, sequence).
@@ -827,7 +833,7 @@ void LeaveAtExit() {
   std::lock_guard<std::mutex> lock(R().mu);
   const int me = static_cast<int>(::getpid());
   for (auto& [id, clique] : R().by_id) {
-    Shm* m = clique->shm.get();
+    Shm* m = clique != nullptr ? clique->shm.get() : nullptr;
     if (m == nullptr) continue;
     for (int r = 0; r < clique->nranks; ++r)
       if (m->rank(r)->pid.load() == me && m->rank(r)->state.load() == kJoined)
@@ -841,10 +847,12 @@ int InitRank(void** comm, int nranks, const UniqueId& id, int rank) {
   std::shared_ptr<Clique> clique;
   {
     std::lock_guard<std::mutex> lock(R().mu);
-    auto& slot = R().by_id[std::string(
-        reinterpret_cast<const char*>(id.internal), sizeof id.internal)];
+    const std::string key(reinterpret_cast<const char*>(id.internal),
+                          sizeof id.internal);
+    auto& slot = R().by_id[key];
     if (slot == nullptr || slot->nranks != nranks) {
       auto fresh = std::make_shared<Clique>(nranks);
+      fresh->id = key;
       const char* name = reinterpret_cast<const char*>(id.internal);
       if (std::strncmp(name, kShmPrefix, sizeof kShmPrefix - 1) == 0 &&
           std::memchr(name, 0, sizeof id.internal) != nullptr) {
@@ -853,6 +861,7 @@ int InitRank(void** comm, int nranks, const UniqueId& id, int rank) {
         if (fresh->shm == nullptr) {
           std::fprintf(stderr, "jaxlake fake GPU: ncclCommInitRank: %s\n",
                        error.c_str());
+          R().by_id.erase(key);
           return kSystemError;
         }
         static const bool registered = [] {
@@ -864,9 +873,10 @@ int InitRank(void** comm, int nranks, const UniqueId& id, int rank) {
       slot = std::move(fresh);
     }
     clique = slot;
-  }
-  if (clique->shm != nullptr) {
-    if (const int e = clique->shm->Join(rank)) return e;
+    if (clique->shm != nullptr) {
+      if (const int e = clique->shm->Join(rank)) return e;
+      ++clique->comms;
+    }
   }
   return NewComm(comm, std::move(clique), rank);
 }
@@ -969,10 +979,15 @@ LIB int ncclCommDestroy(void* comm) {
   Comm* c = AsComm(comm);
   if (c != nullptr && c->clique != nullptr && c->clique->shm != nullptr) {
     std::lock_guard<std::mutex> lock(R().mu);  // beside LeaveAtExit
-    ShmRank* s = c->clique->shm->rank(c->rank);
+    Clique* q = c->clique.get();
+    ShmRank* s = q->shm->rank(c->rank);
     if (s->pid.load() == static_cast<int>(::getpid()) &&
         s->state.load() == kJoined)
-      c->clique->shm->Leave(c->rank);
+      q->shm->Leave(c->rank);
+    if (--q->comms == 0) {
+      const auto it = R().by_id.find(q->id);
+      if (it != R().by_id.end() && it->second.get() == q) R().by_id.erase(it);
+    }
   }
   delete c;
   return kSuccess;
