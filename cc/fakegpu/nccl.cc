@@ -449,8 +449,7 @@ void RemoveStaleSegments() {
         h->nranks > 0 &&
         Layout(h->nranks).size == static_cast<std::size_t>(st.st_size) &&
         !fg::ProcessAlive(h->creator, h->creator_start)) {
-      // Unmapped below, not by Shm (which would unmap it too).
-      Shm view(name, h->nranks, p);
+      Shm view(name, h->nranks, p);  // unmaps it when it goes
       NcclLock(&h->mu);
       bool gone = true;
       for (int r = 0; r < h->nranks && gone; ++r) {
@@ -460,7 +459,7 @@ void RemoveStaleSegments() {
       }
       if (gone) ::shm_unlink(name.c_str());
       pthread_mutex_unlock(&h->mu);
-      continue;  // ~Shm unmaps
+      continue;
     }
     ::munmap(p, static_cast<std::size_t>(st.st_size));
   }
