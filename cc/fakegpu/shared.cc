@@ -9,10 +9,11 @@
 // header (the device count and bytes a device, fixed by the process that
 // made it), a robust process-shared mutex, and a slot per process holding
 // its pid, its start time and its bytes on each device. A process's slot is
-// cleared when it exits; a slot whose process is gone (killed, or exited
-// without running its exit handlers) is reclaimed by the next process that
-// takes the lock, and a process that died holding the lock leaves it to the
-// next one (EOWNERDEAD), which reclaims the dead slot before going on.
+// cleared when it exits; a slot whose process is gone (killed, exited
+// without running its exit handlers, or exited and not yet reaped) is
+// reclaimed by the next process that takes the lock, and a process that
+// died holding the lock leaves it to the next one (EOWNERDEAD), which
+// reclaims the dead slot before going on.
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
