@@ -682,3 +682,42 @@ print("after a new id:", segment_exists(stale))
     assert out["segment after destroy"] == "False"
     assert out["killed run's segment"] == "True"
     assert out["after a new id"] == "False"
+
+
+def test_nccl_collectives_across_processes_run_in_issue_order(tmp_path
+                                                              ) -> None:
+    # Rank 0 issues its first all-gather on a stream held back by a host
+    # flag, its second on another stream; rank 1 issues both on one stream.
+    # The second may not run (and meet rank 1's first) before the first.
+    proc = run_processes(r"""
+N = 64
+a, b = device_alloc(N), device_alloc(N)
+to_device(a, bytes([10 + rank]) * N)
+to_device(b, bytes([20 + rank]) * N)
+ga, gb = device_alloc(2 * N), device_alloc(2 * N)
+first, second = P(), P()
+check(lib.cuStreamCreate(C.byref(first), 0), "stream")
+check(lib.cuStreamCreate(C.byref(second), 0), "stream")
+flag = P()
+check(lib.cuMemHostAlloc(C.byref(flag), SZ(4096), 0), "host alloc")
+C.c_uint32.from_address(flag.value).value = 0
+if rank == 0:  # held until the flag is 1 (CU_STREAM_WAIT_VALUE_GEQ)
+    check(lib.cuStreamWaitValue32(first, C.c_uint64(flag.value),
+                                  C.c_uint32(1), 0), "hold")
+check(lib.ncclAllGather(a, ga, N, UINT8, comm, first), "allgather a")
+check(lib.ncclAllGather(b, gb, N, UINT8, comm, second if rank == 0
+                        else first), "allgather b")
+time.sleep(0.3)
+C.c_uint32.from_address(flag.value).value = 1
+check(lib.cuCtxSynchronize(), "sync")
+print("first:", from_device(ga, 2 * N) == bytes([10]) * N + bytes([11]) * N)
+print("second:", from_device(gb, 2 * N) == bytes([20]) * N + bytes([21]) * N)
+check(lib.ncclCommDestroy(comm), "destroy")
+join_child()
+""", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = results(proc.stdout)
+    assert out["child exit"] == "0", proc.stdout + proc.stderr
+    for prefix in ("", "rank1 "):
+        assert out[prefix + "first"] == "True", proc.stdout
+        assert out[prefix + "second"] == "True", proc.stdout

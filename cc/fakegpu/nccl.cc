@@ -203,6 +203,9 @@ struct alignas(64) ShmRank {
   std::atomic<std::uint32_t> state;
   std::uint64_t start;
   std::atomic<std::uint64_t> phase;  // barriers passed
+  // The rank's next collective (by issue number): its collectives run one
+  // at a time, in issue order, whatever streams they are on.
+  std::atomic<std::uint64_t> next;
 };
 
 struct alignas(64) ShmBox {
@@ -384,6 +387,7 @@ int Shm::Join(int r) {
       s->pid.store(0);
       s->state.store(kFree);
       s->phase.store(0);
+      s->next.store(0);
       for (int j = 0; j < n_; ++j) {
         box(i, j)->seq.store(0);
         box(i, j)->full.store(0);
@@ -402,6 +406,7 @@ int Shm::Join(int r) {
   }
   s->start = fg::ProcessStartTime(static_cast<int>(::getpid()));
   s->phase.store(0);
+  s->next.store(0);
   s->state.store(kJoined);
   s->pid.store(static_cast<std::int32_t>(::getpid()));
   pthread_mutex_unlock(&h->mu);
@@ -608,6 +613,16 @@ int RunCollectiveShared(const Pending& p, const char* name) {
   if (p.op == Op::kAllToAll) mine = total = nn * p.bytes;
   if (p.op == Op::kBroadcast && me != p.root_or_peer) mine = 0;
   auto* to = static_cast<unsigned char*>(p.recv);
+  std::atomic<std::uint64_t>& next = m->rank(me)->next;
+  if (const int e = WaitShared(
+          c, [&] { return next.load(std::memory_order_acquire) == p.seq; },
+          name))
+    return e;
+  struct Done {  // the next collective may run, however this one ends
+    std::atomic<std::uint64_t>& next;
+    std::uint64_t seq;
+    ~Done() { next.store(seq + 1, std::memory_order_release); }
+  } done{next, p.seq};
   for (std::size_t off = 0; off == 0 || off < total; off += kStage) {
     const std::size_t len = std::min(kStage, total - off);
     if (mine > off) std::memcpy(m->stage(me), src + off, std::min(len, mine - off));
