@@ -522,8 +522,8 @@ int WaitShared(Clique* c, const std::function<bool()>& ready,
   }
 }
 
-// Whether clique `c`'s ranks span processes, once all have joined; false
-// with the clique's error set when they do not all come.
+// Whether clique `c`'s ranks span processes, once all have joined;
+// *failed (and the clique's error set) when they do not all come.
 bool Spans(Clique* c, const char* what, bool* failed) {
   *failed = false;
   Shm* m = c->shm.get();
@@ -625,7 +625,8 @@ int RunCollectiveShared(const Pending& p, const char* name) {
   } done{next, p.seq};
   for (std::size_t off = 0; off == 0 || off < total; off += kStage) {
     const std::size_t len = std::min(kStage, total - off);
-    if (mine > off) std::memcpy(m->stage(me), src + off, std::min(len, mine - off));
+    if (mine > off)
+      std::memcpy(m->stage(me), src + off, std::min(len, mine - off));
     if (const int e = Barrier(c, me, name)) return e;
     for (int j = 0; j < n; ++j) {
       const unsigned char* st = m->stage(j);
