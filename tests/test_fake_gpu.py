@@ -412,6 +412,75 @@ print("RESULT " + json.dumps({"n": n, "same": bool(np.array_equal(
     assert out["same"], proc.stdout[-2000:]
 
 
+
+DISTRIBUTED = """
+import json, subprocess, sys
+port = sys.argv[1]
+rank = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+if rank == 0:  # it inherits the run's fake GPU
+    child = subprocess.Popen([sys.executable, __file__, port, "1"])
+import numpy as np, jax
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+jax.distributed.initialize(f"127.0.0.1:{port}", num_processes=2,
+                           process_id=rank, initialization_timeout=60)
+mesh = Mesh(np.array(jax.devices()), ("p",))
+x = jax.make_array_from_single_device_arrays(
+    (8,), NamedSharding(mesh, P("p")),
+    [jax.device_put(np.full((4,), rank + 1, np.float32),
+                    jax.local_devices()[0])])
+gather = jax.jit(lambda a: a, out_shardings=NamedSharding(mesh, P()))
+got = np.asarray(gather(x).addressable_data(0))
+total = jax.jit(lambda a: a.sum(), out_shardings=NamedSharding(mesh, P()))
+total(x).block_until_ready()  # an all-reduce: its value is meaningless
+try:
+    from jax import shard_map
+except ImportError:
+    from jax.experimental.shard_map import shard_map
+swap = jax.jit(shard_map(lambda a: jax.lax.ppermute(a, "p", [(0, 1), (1, 0)]),
+                         mesh=mesh, in_specs=P("p"), out_specs=P("p")))
+swapped = np.asarray(swap(x).addressable_data(0))  # a send and a receive
+print(f"RANK{rank} " + json.dumps({
+    "processes": jax.process_count(), "devices": jax.device_count(),
+    "local": [d.id for d in jax.local_devices()],
+    "gathered": got.tolist(), "swapped": swapped.tolist()}), flush=True)
+jax.distributed.shutdown()
+if rank == 0:
+    print("RESULT " + json.dumps({"child": child.wait(timeout=60)}))
+"""
+
+
+def test_jax_distributed_two_processes_all_gather(tmp_path: pathlib.Path
+                                                  ) -> None:
+    # One process a GPU: rank 0 starts rank 1 (both on the run's fake GPU,
+    # one device each), both join at a local coordinator, and jits over the
+    # global mesh all-gather, all-reduce and swap halves (ppermute: a send
+    # and a receive) across them, through NCCL communicators whose ranks
+    # live in two processes.
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    script = tmp_path / "distributed.py"
+    script.write_text(DISTRIBUTED)
+    proc = fake_run([sys.executable, str(script), str(port)],
+                    args=["--fake-gpu-count", "1"], timeout=110)
+    assert result(proc) == {"child": 0}, proc.stderr[-4000:]
+    ranks = {}
+    for line in proc.stdout.splitlines():
+        if line.startswith("RANK"):
+            rank, text = line[len("RANK"):].split(" ", 1)
+            ranks[int(rank)] = json.loads(text)
+    assert sorted(ranks) == [0, 1], proc.stdout[-2000:]
+    for rank in (0, 1):
+        assert ranks[rank]["processes"] == 2
+        assert ranks[rank]["devices"] == 2
+        assert ranks[rank]["gathered"] == [1.0] * 4 + [2.0] * 4
+        assert ranks[rank]["swapped"] == [2.0 - rank] * 4  # the other's
+    # each process's device is its own (global ids 0 and 1)
+    assert ranks[0]["local"] != ranks[1]["local"]
+    assert "waited" not in proc.stderr, proc.stderr[-4000:]
+
+
 # -- --no-lake: the fake GPU under XLA's own allocator ---------------------------
 
 NO_LAKE = """

@@ -525,3 +525,199 @@ print("ids:", lib.cublasLtMatmulAlgoGetIds(
     assert out["epilogue"] == "0 2"
     assert out["wrong size"] == "7"  # CUBLAS_STATUS_INVALID_VALUE
     assert out["ids"] == "0 1 0"
+
+
+# Two processes, one fake device each, meeting at one unique id: the
+# script runs as rank 0, which starts rank 1 (the same script, given the
+# id in hex) and prints rank 1's lines prefixed "rank1 ".
+NCCL_PROCESSES = NCCL + r"""
+import os, subprocess, time
+UINT8 = 1
+lib.ncclAllReduce.argtypes = [C.c_uint64, C.c_uint64, SZ, C.c_int, C.c_int,
+                              P, P]
+
+class UniqueId(C.Structure):
+    _fields_ = [("internal", C.c_char * 128)]
+
+uid = UniqueId()
+if len(sys.argv) > 2:
+    rank = 1
+    C.memmove(C.byref(uid), bytes.fromhex(sys.argv[2]), 128)
+else:
+    rank = 0
+    check(lib.ncclGetUniqueId(C.byref(uid)), "ncclGetUniqueId")
+    child = subprocess.Popen(
+        [sys.executable, sys.argv[0], LIBRARY, bytes(uid).hex()],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+segment = bytes(uid).split(b"\0")[0].decode()
+comm = P()
+check(lib.ncclCommInitRank(C.byref(comm), 2, uid, rank), "ncclCommInitRank")
+
+def pattern(r, n):
+    return bytes((i * 7 + r * 101) % 251 for i in range(n))
+
+def segment_exists(name):
+    return os.path.exists("/dev/shm" + name)
+
+def join_child():
+    if rank != 0:
+        return
+    out, err = child.communicate(timeout=60)
+    for line in out.splitlines():
+        print("rank1 " + line)
+    sys.stderr.write(err)
+    print("child exit:", child.returncode)
+"""
+
+
+def run_processes(body: str, tmp_path) -> "subprocess.CompletedProcess[str]":
+    env = dict(os.environ)
+    env["JAXLAKE_FAKEGPU_COUNT"] = "1"
+    script = tmp_path / "ranks.py"
+    script.write_text("import sys\nLIBRARY = sys.argv[1]\nDEVICES = 1\n" +
+                      PRELUDE + NCCL_PROCESSES + textwrap.dedent(body))
+    return subprocess.run([sys.executable, str(script), _library()], env=env,
+                          capture_output=True, text=True, timeout=60)
+
+
+def test_nccl_communicator_spans_two_processes(tmp_path) -> None:
+    proc = run_processes(r"""
+N = 3 << 19  # 1.5 MiB a rank: more than one round of staging
+mine = device_alloc(N)
+to_device(mine, pattern(rank, N))
+gathered = device_alloc(2 * N)
+check(lib.ncclAllGather(mine, gathered, N, UINT8, comm, None), "allgather")
+check(lib.cuCtxSynchronize(), "sync")
+print("gather:", from_device(gathered, 2 * N) == pattern(0, N) + pattern(1, N))
+# all-to-all: rank r's block j is rank j's block r
+blocks = device_alloc(16)
+to_device(blocks, bytes([10 * rank + i for i in range(16)]))
+swapped = device_alloc(16)
+check(lib.ncclAlltoAll(blocks, swapped, 8, UINT8, comm, None), "alltoall")
+got = device_alloc(N)
+check(lib.ncclBroadcast(mine, got, N, UINT8, 1, comm, None), "broadcast")
+# an all-reduce is accepted (it computes: a kernel, which does not run)
+print("allreduce:", lib.ncclAllReduce(mine, got, 0, UINT8, 0, comm, None))
+# a send and a receive each way in one group, of several mailbox chunks
+M = 600 << 10
+sent, received = device_alloc(M), device_alloc(M)
+to_device(sent, pattern(rank + 5, M))
+check(lib.ncclGroupStart(), "group start")
+check(lib.ncclSend(sent, M, UINT8, 1 - rank, comm, None), "send")
+check(lib.ncclRecv(received, M, UINT8, 1 - rank, comm, None), "recv")
+check(lib.ncclGroupEnd(), "group end")
+check(lib.cuCtxSynchronize(), "sync")
+print("alltoall:", list(from_device(swapped, 16)))
+print("broadcast:", from_device(got, N) == pattern(1, N))
+print("sendrecv:", from_device(received, M) == pattern(6 - rank, M))
+err = C.c_int(-1)
+check(lib.ncclCommGetAsyncError(comm, C.byref(err)), "async error")
+print("async error:", err.value)
+print("segment while open:", segment_exists(segment))
+check(lib.ncclCommDestroy(comm), "destroy")
+join_child()
+if rank == 0:
+    print("segment after both destroyed:", segment_exists(segment))
+""", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = results(proc.stdout)
+    assert out["child exit"] == "0", proc.stdout + proc.stderr
+    for prefix in ("", "rank1 "):
+        assert out[prefix + "gather"] == "True"
+        assert out[prefix + "broadcast"] == "True", proc.stdout
+        assert out[prefix + "sendrecv"] == "True"
+        assert out[prefix + "allreduce"] == "0"
+        assert out[prefix + "async error"] == "0"
+        assert out[prefix + "segment while open"] == "True"
+    assert out["alltoall"] == str([0, 1, 2, 3, 4, 5, 6, 7,
+                                   10, 11, 12, 13, 14, 15, 16, 17])
+    assert out["rank1 alltoall"] == str([8, 9, 10, 11, 12, 13, 14, 15,
+                                         18, 19, 20, 21, 22, 23, 24, 25])
+    assert out["segment after both destroyed"] == "False"
+
+
+def test_nccl_peer_process_that_died_fails_the_communicator(tmp_path) -> None:
+    proc = run_processes(r"""
+import signal
+if rank == 1:
+    os._exit(3)  # dies after joining, before any collective
+N = 64
+mine, gathered = device_alloc(N), device_alloc(2 * N)
+start = time.monotonic()
+check(lib.ncclAllGather(mine, gathered, N, UINT8, comm, None), "allgather")
+check(lib.cuCtxSynchronize(), "sync")
+print("bounded:", time.monotonic() - start < 10)
+err = C.c_int(-1)
+check(lib.ncclCommGetAsyncError(comm, C.byref(err)), "async error")
+print("async error:", err.value)
+print("next call:", lib.ncclAllGather(mine, gathered, N, UINT8, comm, None))
+check(lib.ncclCommDestroy(comm), "destroy")
+print("segment after destroy:", segment_exists(segment))
+join_child()
+# a killed run's segment: a process that joins and is killed leaves it;
+# the next ncclGetUniqueId removes it
+killed = subprocess.run([sys.executable, "-c", '''
+import ctypes as C, os, signal, sys
+lib = C.CDLL(sys.argv[1])
+class UniqueId(C.Structure):
+    _fields_ = [("internal", C.c_char * 128)]
+uid, comm = UniqueId(), C.c_void_p()
+assert lib.ncclGetUniqueId(C.byref(uid)) == 0
+assert lib.ncclCommInitRank(C.byref(comm), 2, uid, 0) == 0
+print(bytes(uid).split(b"\\0")[0].decode(), flush=True)
+os.kill(os.getpid(), signal.SIGKILL)
+''', LIBRARY], capture_output=True, text=True, timeout=30)
+stale = killed.stdout.strip()
+print("killed run's segment:", segment_exists(stale))
+check(lib.ncclGetUniqueId(C.byref(UniqueId())), "ncclGetUniqueId")
+print("after a new id:", segment_exists(stale))
+""", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = results(proc.stdout)
+    assert out["child exit"] == "3"
+    assert out["bounded"] == "True", proc.stderr
+    assert out["async error"] == "6"  # ncclRemoteError
+    assert out["next call"] == "6"
+    assert "rank 1 (process" in proc.stderr and "exited" in proc.stderr
+    assert out["segment after destroy"] == "False"
+    assert out["killed run's segment"] == "True"
+    assert out["after a new id"] == "False"
+
+
+def test_nccl_collectives_across_processes_run_in_issue_order(tmp_path
+                                                              ) -> None:
+    # Rank 0 issues its first all-gather on a stream held back by a host
+    # flag, its second on another stream; rank 1 issues both on one stream.
+    # The second may not run (and meet rank 1's first) before the first.
+    proc = run_processes(r"""
+N = 64
+a, b = device_alloc(N), device_alloc(N)
+to_device(a, bytes([10 + rank]) * N)
+to_device(b, bytes([20 + rank]) * N)
+ga, gb = device_alloc(2 * N), device_alloc(2 * N)
+first, second = P(), P()
+check(lib.cuStreamCreate(C.byref(first), 0), "stream")
+check(lib.cuStreamCreate(C.byref(second), 0), "stream")
+flag = P()
+check(lib.cuMemHostAlloc(C.byref(flag), SZ(4096), 0), "host alloc")
+C.c_uint32.from_address(flag.value).value = 0
+if rank == 0:  # held until the flag is 1 (CU_STREAM_WAIT_VALUE_GEQ)
+    check(lib.cuStreamWaitValue32(first, C.c_uint64(flag.value),
+                                  C.c_uint32(1), 0), "hold")
+check(lib.ncclAllGather(a, ga, N, UINT8, comm, first), "allgather a")
+check(lib.ncclAllGather(b, gb, N, UINT8, comm, second if rank == 0
+                        else first), "allgather b")
+time.sleep(0.3)
+C.c_uint32.from_address(flag.value).value = 1
+check(lib.cuCtxSynchronize(), "sync")
+print("first:", from_device(ga, 2 * N) == bytes([10]) * N + bytes([11]) * N)
+print("second:", from_device(gb, 2 * N) == bytes([20]) * N + bytes([21]) * N)
+check(lib.ncclCommDestroy(comm), "destroy")
+join_child()
+""", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = results(proc.stdout)
+    assert out["child exit"] == "0", proc.stdout + proc.stderr
+    for prefix in ("", "rank1 "):
+        assert out[prefix + "first"] == "True", proc.stdout
+        assert out[prefix + "second"] == "True", proc.stdout

@@ -128,6 +128,11 @@ bool SharedCharge(int device, std::size_t n);
 void SharedUncharge(int device, std::size_t n);
 std::size_t SharedUsed(int device);
 int SharedUsage(int device, int* pids, unsigned long long* used, int max);
+// A process's start time (clock ticks since boot; 0 when it cannot be
+// read), which tells it apart from a later process reusing its pid; and
+// whether the process `pid` that started at `start` still runs.
+std::uint64_t ProcessStartTime(int pid);
+bool ProcessAlive(int pid, std::uint64_t start);
 
 // Anonymous, lazily backed memory (only touched pages cost), and its
 // release.

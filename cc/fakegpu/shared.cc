@@ -9,10 +9,11 @@
 // header (the device count and bytes a device, fixed by the process that
 // made it), a robust process-shared mutex, and a slot per process holding
 // its pid, its start time and its bytes on each device. A process's slot is
-// cleared when it exits; a slot whose process is gone (killed, or exited
-// without running its exit handlers) is reclaimed by the next process that
-// takes the lock, and a process that died holding the lock leaves it to the
-// next one (EOWNERDEAD), which reclaims the dead slot before going on.
+// cleared when it exits; a slot whose process is gone (killed, exited
+// without running its exit handlers, or exited and not yet reaped) is
+// reclaimed by the next process that takes the lock, and a process that
+// died holding the lock leaves it to the next one (EOWNERDEAD), which
+// reclaims the dead slot before going on.
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
@@ -73,12 +74,22 @@ std::uint64_t StartTime(int pid) {
   return std::strtoull(p, nullptr, 10);
 }
 
-bool Alive(const Slot& s) {
-  if (s.pid <= 0) return false;
-  if (::kill(s.pid, 0) != 0 && errno == ESRCH) return false;
-  const std::uint64_t start = StartTime(s.pid);
-  return start == 0 || s.start == 0 || start == s.start;
+// Whether process `pid` has exited and waits for its parent to reap it
+// (state Z in /proc/PID/stat).
+bool Zombie(int pid) {
+  char path[64];
+  std::snprintf(path, sizeof path, "/proc/%d/stat", pid);
+  std::FILE* f = std::fopen(path, "r");
+  if (f == nullptr) return false;
+  char buf[1024];
+  const std::size_t n = std::fread(buf, 1, sizeof buf - 1, f);
+  std::fclose(f);
+  buf[n] = '\0';
+  const char* p = std::strrchr(buf, ')');
+  return p != nullptr && p[1] == ' ' && p[2] == 'Z';
 }
+
+bool Alive(const Slot& s) { return ProcessAlive(s.pid, s.start); }
 
 struct Shared {
   Segment* seg = nullptr;
@@ -239,6 +250,16 @@ void AtExit() {
 }
 
 }  // namespace
+
+std::uint64_t ProcessStartTime(int pid) { return StartTime(pid); }
+
+bool ProcessAlive(int pid, std::uint64_t start) {
+  if (pid <= 0) return false;
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  if (Zombie(pid)) return false;  // exited, not yet waited for
+  const std::uint64_t now = StartTime(pid);
+  return now == 0 || start == 0 || now == start;
+}
 
 bool SharedMode() { return !Opts().shared.empty(); }
 
