@@ -49,6 +49,8 @@ grep -iE '^(jax|jaxlib|jax-cuda1[23]-(plugin|pjrt)|flax|optax|orbax-checkpoint)=
 "$VENV/bin/pytest" -q tests/test_xla.py tests/test_xla_fake_driver.py \
   tests/test_xla_symbols.py tests/test_recorder.py \
   tests/test_api.py tests/test_fake_gpu.py tests/test_fake_gpu_linalg.py \
+  tests/test_fake_gpu_blas.py tests/test_fake_gpu_names.py \
+  tests/test_fake_gpu_programs.py tests/test_fake_gpu_libs.py \
   tests/test_examples.py::test_examples_start_quietly \
   tests/test_examples.py::test_train_lm_loss_falls \
   tests/test_examples.py::test_resume_reproduces_the_loss \

@@ -373,9 +373,12 @@ def test_jax_batched_linalg_and_profiler_run_on_the_fake(
     assert "Previous call returned an error" not in proc.stderr
     assert list(traces.rglob("*.xplane.pb")), sorted(traces.rglob("*"))
     calls: Dict[str, int] = json.loads(stats.read_text())["calls"]
-    for name in ("cublasSgetrfBatched", "cublasSgeqrfBatched",
-                 "cuptiGetTimestamp", "cuptiActivityFlushAll"):
-        assert calls.get(name, 0) >= 1, (name, sorted(
+    # (jax 0.12's profiler reads CUPTI's clock through the subscriber's
+    # _v2 call, jax 0.10's through the plain one.)
+    for names in (("cublasSgetrfBatched",), ("cublasSgeqrfBatched",),
+                  ("cuptiGetTimestamp", "cuptiGetTimestamp_v2"),
+                  ("cuptiActivityFlushAll",)):
+        assert sum(calls.get(n, 0) for n in names) >= 1, (names, sorted(
             k for k in calls if k.startswith(("cublas", "cupti"))))
     if lake:
         assert "lake report" in proc.stderr
