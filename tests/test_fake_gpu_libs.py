@@ -636,6 +636,42 @@ if rank == 0:
     assert out["segment after both destroyed"] == "False"
 
 
+def test_nccl_split_of_a_communicator_spanning_processes_fails_at_once(
+        tmp_path) -> None:
+    proc = run_processes(r"""
+N = 4096
+mine, gathered = device_alloc(N), device_alloc(2 * N)
+to_device(mine, pattern(rank, N))
+check(lib.ncclAllGather(mine, gathered, N, UINT8, comm, None), "allgather")
+check(lib.cuCtxSynchronize(), "sync")  # both ranks have joined
+child_comm = P(1234)
+start = time.monotonic()
+status = lib.ncclCommSplit(comm, 0, rank, C.byref(child_comm), None)
+print("split:", status, child_comm.value)
+print("split returned at once:", time.monotonic() - start < 1)
+err = C.c_int(-1)
+check(lib.ncclCommGetAsyncError(comm, C.byref(err)), "async error")
+print("async error:", err.value)
+to_device(gathered, bytes(2 * N))
+check(lib.ncclAllGather(mine, gathered, N, UINT8, comm, None), "allgather")
+check(lib.cuCtxSynchronize(), "sync")
+print("gather after:", from_device(gathered, 2 * N) == pattern(0, N) + pattern(1, N))
+check(lib.ncclCommDestroy(comm), "destroy")
+join_child()
+""", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = results(proc.stdout)
+    assert out["child exit"] == "0", proc.stdout + proc.stderr
+    for prefix in ("", "rank1 "):
+        assert out[prefix + "split"] == "5 None", proc.stderr  # InvalidUsage
+        assert out[prefix + "split returned at once"] == "True"
+        assert out[prefix + "async error"] == "0"
+        assert out[prefix + "gather after"] == "True"
+    said = [line for line in proc.stderr.splitlines()
+            if "ncclCommSplit" in line]
+    assert len(said) == 2 and "span processes" in said[0], proc.stderr
+
+
 def test_nccl_peer_process_that_died_fails_the_communicator(tmp_path) -> None:
     proc = run_processes(r"""
 import signal

@@ -960,12 +960,33 @@ LIB int ncclCommInitAll(void** comms, int n, const int* devices) {
 
 // A split is collective: every rank of the parent calls it (NCCL_SPLIT_NOCOLOR
 // for none). The new communicators are complete once every parent rank has
-// split; ranks are ordered by key, then by parent rank.
+// split; ranks are ordered by key, then by parent rank. The parent's ranks
+// must all live in this process: a split of a communicator that spans
+// processes fails at once (its ranks elsewhere could not complete it), and
+// the parent stays usable.
 LIB int ncclCommSplit(void* comm, int color, int key, void** out, void*) {
   ENTER();
   Comm* parent = AsComm(comm);
   if (parent == nullptr || out == nullptr) return kInvalidArgument;
   *out = nullptr;
+  if (parent->clique == nullptr) {  // itself a split not yet complete
+    std::fprintf(stderr,
+                 "jaxlake fake GPU: ncclCommSplit: the parent is a split "
+                 "that not every rank of its own parent has made yet\n");
+    return kInvalidUsage;
+  }
+  if (const int e = parent->clique->error.load()) return e;
+  if (parent->clique->shm != nullptr) {
+    bool failed = false;
+    if (Spans(parent->clique.get(), "ncclCommSplit", &failed)) {
+      if (failed) return parent->clique->error.load();
+      std::fprintf(stderr,
+                   "jaxlake fake GPU: ncclCommSplit: the parent's ranks span "
+                   "processes, and the fake splits only communicators whose "
+                   "ranks all live in one process (ncclInvalidUsage)\n");
+      return kInvalidUsage;
+    }
+  }
   std::lock_guard<std::mutex> lock(R().mu);
   const std::uint64_t n = parent->nsplits++;
   auto& split = R().splits[{parent->clique.get(), n}];
