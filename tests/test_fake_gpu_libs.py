@@ -636,40 +636,175 @@ if rank == 0:
     assert out["segment after both destroyed"] == "False"
 
 
-def test_nccl_split_of_a_communicator_spanning_processes_fails_at_once(
+def test_nccl_split_of_a_communicator_spanning_processes_keeps_the_parent(
         tmp_path) -> None:
+    # rank 0 splits off alone; rank 1 takes no part (NCCL_SPLIT_NOCOLOR)
     proc = run_processes(r"""
 N = 4096
 mine, gathered = device_alloc(N), device_alloc(2 * N)
 to_device(mine, pattern(rank, N))
 check(lib.ncclAllGather(mine, gathered, N, UINT8, comm, None), "allgather")
 check(lib.cuCtxSynchronize(), "sync")  # both ranks have joined
-child_comm = P(1234)
+alone = P(1234)
 start = time.monotonic()
-status = lib.ncclCommSplit(comm, 0, rank, C.byref(child_comm), None)
-print("split:", status, child_comm.value)
-print("split returned at once:", time.monotonic() - start < 1)
+check(lib.ncclCommSplit(comm, 0 if rank == 0 else -1, 0, C.byref(alone),
+                        None), "ncclCommSplit")
+print("split returned within a second:", time.monotonic() - start < 1)
+if rank == 0:
+    count = C.c_int()
+    check(lib.ncclCommCount(alone, C.byref(count)), "count")
+    own = device_alloc(N)
+    check(lib.ncclAllGather(mine, own, N, UINT8, alone, None), "allgather")
+    check(lib.cuCtxSynchronize(), "sync")
+    print("alone:", count.value, from_device(own, N) == pattern(0, N))
+    check(lib.ncclCommDestroy(alone), "destroy")
+else:
+    print("no color:", alone.value)
 err = C.c_int(-1)
 check(lib.ncclCommGetAsyncError(comm, C.byref(err)), "async error")
 print("async error:", err.value)
 to_device(gathered, bytes(2 * N))
 check(lib.ncclAllGather(mine, gathered, N, UINT8, comm, None), "allgather")
 check(lib.cuCtxSynchronize(), "sync")
-print("gather after:", from_device(gathered, 2 * N) == pattern(0, N) + pattern(1, N))
+print("gather after:",
+      from_device(gathered, 2 * N) == pattern(0, N) + pattern(1, N))
 check(lib.ncclCommDestroy(comm), "destroy")
 join_child()
 """, tmp_path)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     out = results(proc.stdout)
     assert out["child exit"] == "0", proc.stdout + proc.stderr
+    assert out["alone"] == "1 True"
+    assert out["rank1 no color"] == "None"
     for prefix in ("", "rank1 "):
-        assert out[prefix + "split"] == "5 None", proc.stderr  # InvalidUsage
-        assert out[prefix + "split returned at once"] == "True"
+        assert out[prefix + "split returned within a second"] == "True"
         assert out[prefix + "async error"] == "0"
         assert out[prefix + "gather after"] == "True"
-    said = [line for line in proc.stderr.splitlines()
-            if "ncclCommSplit" in line]
-    assert len(said) == 2 and "span processes" in said[0], proc.stderr
+
+
+def test_nccl_split_whose_peer_process_died_fails(tmp_path) -> None:
+    proc = run_processes(r"""
+N = 64
+mine, gathered = device_alloc(N), device_alloc(2 * N)
+check(lib.ncclAllGather(mine, gathered, N, UINT8, comm, None), "allgather")
+check(lib.cuCtxSynchronize(), "sync")  # both ranks have joined
+if rank == 1:
+    os._exit(0)  # never splits
+join_child()
+new = P()
+start = time.monotonic()
+print("split:", lib.ncclCommSplit(comm, 0, 0, C.byref(new), None), new.value)
+print("bounded:", time.monotonic() - start < 10)
+err = C.c_int(-1)
+check(lib.ncclCommGetAsyncError(comm, C.byref(err)), "async error")
+print("async error:", err.value)
+check(lib.ncclCommDestroy(comm), "destroy")
+""", tmp_path)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = results(proc.stdout)
+    assert out["split"] == "6 None", proc.stdout + proc.stderr  # RemoteError
+    assert out["bounded"] == "True"
+    assert out["async error"] == "6"
+    assert "ncclCommSplit: rank 1" in proc.stderr, proc.stderr
+
+
+# Four ranks in two processes, two fake devices each (process p holds
+# ranks 2p and 2p + 1, one thread a rank: a split waits for every rank).
+NCCL_SPLIT_RANKS = r"""
+import os, subprocess, threading
+UINT8, NOCOLOR, N = 1, -1, 3000
+lib.ncclAllGather.argtypes = [C.c_uint64, C.c_uint64, SZ, C.c_int, P, P]
+
+class UniqueId(C.Structure):
+    _fields_ = [("internal", C.c_char * 128)]
+
+uid = UniqueId()
+if len(sys.argv) > 2:
+    process = 1
+    C.memmove(C.byref(uid), bytes.fromhex(sys.argv[2]), 128)
+else:
+    process = 0
+    check(lib.ncclGetUniqueId(C.byref(uid)), "ncclGetUniqueId")
+    child = subprocess.Popen(
+        [sys.executable, sys.argv[0], LIBRARY, bytes(uid).hex()],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+def pattern(r, n):
+    return bytes((i * 7 + r * 101) % 251 for i in range(n))
+
+lines = []
+
+def gather(comm, d, rank):
+    n, r = C.c_int(), C.c_int()
+    check(lib.ncclCommCount(comm, C.byref(n)), "count")
+    check(lib.ncclCommUserRank(comm, C.byref(r)), "user rank")
+    mine = device_alloc(N, d)
+    to_device(mine, pattern(rank, N))
+    got = device_alloc(n.value * N, d)
+    check(lib.ncclAllGather(mine, got, N, UINT8, comm, None), "allgather")
+    check(lib.cuCtxSynchronize(), "sync")
+    return n.value, r.value, from_device(got, n.value * N)
+
+def rank_main(d):
+    rank = 2 * process + d
+    check(lib.cuCtxSetCurrent(ctx[d]), "set current")
+    comm = P()
+    check(lib.ncclCommInitRank(C.byref(comm), 4, uid, rank), "init")
+    # by parity, keys reversed: parent rank c + 2 is rank 0 of color c
+    parity = P()
+    check(lib.ncclCommSplit(comm, rank % 2, 10 - rank, C.byref(parity),
+                            None), "split by parity")
+    n, r, got = gather(parity, d, rank)
+    c = rank % 2
+    lines.append(f"rank{rank} parity: {n} {r} "
+                 f"{got == pattern(c + 2, N) + pattern(c, N)}")
+    # again, rank 3 taking no part: ranks 0, 1, 2 in parent order
+    three = P(1)
+    check(lib.ncclCommSplit(comm, NOCOLOR if rank == 3 else 5, 0,
+                            C.byref(three), None), "split without 3")
+    if rank == 3:
+        lines.append(f"rank3 no color: {three.value}")
+    else:
+        n, r, got = gather(three, d, rank)
+        lines.append(f"rank{rank} three: {n} {r} "
+                     f"{got == pattern(0, N) + pattern(1, N) + pattern(2, N)}")
+        check(lib.ncclCommDestroy(three), "destroy")
+    check(lib.ncclCommDestroy(parity), "destroy")
+    check(lib.ncclCommDestroy(comm), "destroy")
+
+threads = [threading.Thread(target=rank_main, args=(d,)) for d in range(2)]
+for t in threads:
+    t.start()
+for t in threads:
+    t.join()
+for line in lines:
+    print(line)
+if process == 0:
+    out, err = child.communicate(timeout=60)
+    sys.stdout.write(out)
+    sys.stderr.write(err)
+    print("child exit:", child.returncode)
+"""
+
+
+def test_nccl_split_across_processes_by_parity(tmp_path) -> None:
+    env = dict(os.environ)
+    env["JAXLAKE_FAKEGPU_COUNT"] = "2"
+    script = tmp_path / "split.py"
+    script.write_text("import sys\nLIBRARY = sys.argv[1]\nDEVICES = 2\n" +
+                      PRELUDE + NCCL_SPLIT_RANKS)
+    proc = subprocess.run([sys.executable, str(script), _library()], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    out = results(proc.stdout)
+    assert out["child exit"] == "0", proc.stdout + proc.stderr
+    assert out["rank0 parity"] == "2 1 True", proc.stdout + proc.stderr
+    assert out["rank1 parity"] == "2 1 True"
+    assert out["rank2 parity"] == "2 0 True"
+    assert out["rank3 parity"] == "2 0 True"
+    for rank in range(3):
+        assert out[f"rank{rank} three"] == f"3 {rank} True", proc.stdout
+    assert out["rank3 no color"] == "None"
 
 
 def test_nccl_peer_process_that_died_fails_the_communicator(tmp_path) -> None:

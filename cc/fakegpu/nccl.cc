@@ -16,7 +16,8 @@
 // where the ranks of one id meet, in this process or in others on this
 // machine: when they all live in one process they meet as those of
 // ncclCommInitAll do (by pointers); when they span processes the bytes go
-// through the segment (below, "Across processes").
+// through the segment (below, "Across processes"). A split of a clique
+// that spans processes meets in a segment too, named after its parent's.
 #include <dirent.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -83,8 +84,9 @@ struct Clique {
   explicit Clique(int n);
   ~Clique();
   const int nranks;
-  // The segment of a unique id's clique (null for ncclCommInitAll's and
-  // ncclCommSplit's, which live in one process).
+  // The segment of a unique id's clique, or of a split of such a clique
+  // whose ranks span processes (null for ncclCommInitAll's and the other
+  // splits', which live in one process).
   std::unique_ptr<Shm> shm;
   // A failure that ends the clique (ncclRemoteError): peers that died or
   // never came. Every later call on its communicators returns it.
@@ -174,8 +176,8 @@ struct Pending {
 //
 // The segment /jaxlake-fakegpu-nccl-<uid>-<pid>-<n>-<random> that a unique
 // id names: a header (the rank count, its maker, a robust process-shared
-// mutex for joining and leaving), a slot a rank (its process and a barrier
-// counter), a mailbox an ordered pair of ranks (the send whose bytes flow,
+// mutex for joining and leaving), a slot a rank (its process, a barrier
+// counter, and its latest ncclCommSplit's color and key), a mailbox an ordered pair of ranks (the send whose bytes flow,
 // and whether a chunk waits), a staging area a rank for the collectives,
 // and the mailboxes' bytes. Only touched pages of it cost memory.
 //
@@ -206,7 +208,14 @@ struct alignas(64) ShmRank {
   // The rank's next collective (by issue number): its collectives run one
   // at a time, in issue order, whatever streams they are on.
   std::atomic<std::uint64_t> next;
+  // ncclCommSplit: the splits this rank has published (the latest's color
+  // and key beside), and those whose colors it has read.
+  std::atomic<std::uint64_t> splits;
+  std::atomic<std::uint64_t> splits_read;
+  std::atomic<std::int32_t> split_color;
+  std::atomic<std::int32_t> split_key;
 };
+static_assert(sizeof(ShmRank) == 64, "a rank's slot is one cache line");
 
 struct alignas(64) ShmBox {
   std::atomic<std::uint64_t> seq;   // the send whose chunks flow now
@@ -388,6 +397,8 @@ int Shm::Join(int r) {
       s->state.store(kFree);
       s->phase.store(0);
       s->next.store(0);
+      s->splits.store(0);
+      s->splits_read.store(0);
       for (int j = 0; j < n_; ++j) {
         box(i, j)->seq.store(0);
         box(i, j)->full.store(0);
@@ -407,6 +418,8 @@ int Shm::Join(int r) {
   s->start = fg::ProcessStartTime(static_cast<int>(::getpid()));
   s->phase.store(0);
   s->next.store(0);
+  s->splits.store(0);
+  s->splits_read.store(0);
   s->state.store(kJoined);
   s->pid.store(static_cast<std::int32_t>(::getpid()));
   pthread_mutex_unlock(&h->mu);
@@ -896,6 +909,63 @@ int InitRank(void** comm, int nranks, const UniqueId& id, int rank) {
   return NewComm(comm, std::move(clique), rank);
 }
 
+// ncclCommSplit of a communicator whose ranks span processes: each rank
+// publishes its color and key in the parent's segment and waits for every
+// rank's; the ranks of one color then join the segment named by the
+// parent's, the split's number and the color, ordered by (key, parent
+// rank). Bounded like the collectives' waits (a dead peer fails the parent).
+int SplitShared(Comm* parent, int color, int key, void** out) {
+  Clique* c = parent->clique.get();
+  Shm* m = c->shm.get();
+  const int n = c->nranks, me = parent->rank;
+  const std::uint64_t seq = parent->nsplits++;
+  const auto all = [&](std::atomic<std::uint64_t> ShmRank::*field,
+                       std::uint64_t at_least) {
+    return [=] {
+      for (int r = 0; r < n; ++r)
+        if ((m->rank(r)->*field).load(std::memory_order_acquire) < at_least)
+          return false;
+      return true;
+    };
+  };
+  // Every rank has read the previous split's colors before they change.
+  if (const int e = WaitShared(c, all(&ShmRank::splits_read, seq),
+                               "ncclCommSplit"))
+    return e;
+  ShmRank* mine = m->rank(me);
+  mine->split_color.store(color);
+  mine->split_key.store(key);
+  mine->splits.store(seq + 1, std::memory_order_release);
+  if (const int e = WaitShared(c, all(&ShmRank::splits, seq + 1),
+                               "ncclCommSplit"))
+    return e;
+  std::vector<std::pair<int, int>> members;  // (key, parent rank)
+  for (int r = 0; r < n && color >= 0; ++r)
+    if (m->rank(r)->split_color.load() == color)
+      members.emplace_back(m->rank(r)->split_key.load(), r);
+  mine->splits_read.store(seq + 1, std::memory_order_release);
+  if (color < 0) return kSuccess;  // NCCL_SPLIT_NOCOLOR: no communicator
+  std::sort(members.begin(), members.end());
+  const int rank = static_cast<int>(
+      std::find(members.begin(), members.end(), std::make_pair(key, me)) -
+      members.begin());
+  const std::string name =
+      m->name() + "-" + std::to_string(seq) + "c" + std::to_string(color);
+  UniqueId id{};
+  if (name.size() >= sizeof id.internal) {
+    std::fprintf(stderr,
+                 "jaxlake fake GPU: ncclCommSplit: the new communicator's "
+                 "segment name %s is longer than a unique id holds (splits "
+                 "nested too deep)\n", name.c_str());
+    return kInvalidUsage;
+  }
+  std::memcpy(id.internal, name.data(), name.size());
+  const int e =
+      InitRank(out, static_cast<int>(members.size()), id, rank);
+  if (e == kSuccess) AsComm(*out)->device = parent->device;
+  return e;
+}
+
 }  // namespace
 
 // ---- versions, ids and communicators ----------------------------------------
@@ -960,10 +1030,9 @@ LIB int ncclCommInitAll(void** comms, int n, const int* devices) {
 
 // A split is collective: every rank of the parent calls it (NCCL_SPLIT_NOCOLOR
 // for none). The new communicators are complete once every parent rank has
-// split; ranks are ordered by key, then by parent rank. The parent's ranks
-// must all live in this process: a split of a communicator that spans
-// processes fails at once (its ranks elsewhere could not complete it), and
-// the parent stays usable.
+// split; ranks are ordered by key, then by parent rank. A parent whose ranks
+// span processes splits through its segment (SplitShared): the call returns
+// once every parent rank has made it.
 LIB int ncclCommSplit(void* comm, int color, int key, void** out, void*) {
   ENTER();
   Comm* parent = AsComm(comm);
@@ -980,11 +1049,7 @@ LIB int ncclCommSplit(void* comm, int color, int key, void** out, void*) {
     bool failed = false;
     if (Spans(parent->clique.get(), "ncclCommSplit", &failed)) {
       if (failed) return parent->clique->error.load();
-      std::fprintf(stderr,
-                   "jaxlake fake GPU: ncclCommSplit: the parent's ranks span "
-                   "processes, and the fake splits only communicators whose "
-                   "ranks all live in one process (ncclInvalidUsage)\n");
-      return kInvalidUsage;
+      return SplitShared(parent, color, key, out);
     }
   }
   std::lock_guard<std::mutex> lock(R().mu);
