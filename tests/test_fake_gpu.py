@@ -414,7 +414,7 @@ print("RESULT " + json.dumps({"n": n, "same": bool(np.array_equal(
 
 
 DISTRIBUTED = """
-import json, subprocess, sys
+import json, os, subprocess, sys
 port = sys.argv[1]
 rank = int(sys.argv[2]) if len(sys.argv) > 2 else 0
 if rank == 0:  # it inherits the run's fake GPU
@@ -439,10 +439,12 @@ except ImportError:
 swap = jax.jit(shard_map(lambda a: jax.lax.ppermute(a, "p", [(0, 1), (1, 0)]),
                          mesh=mesh, in_specs=P("p"), out_specs=P("p")))
 swapped = np.asarray(swap(x).addressable_data(0))  # a send and a receive
-print(f"RANK{rank} " + json.dumps({
+# one write of the whole line: the two processes share the run's stdout
+sys.stdout.flush()
+os.write(1, (f"RANK{rank} " + json.dumps({
     "processes": jax.process_count(), "devices": jax.device_count(),
     "local": [d.id for d in jax.local_devices()],
-    "gathered": got.tolist(), "swapped": swapped.tolist()}), flush=True)
+    "gathered": got.tolist(), "swapped": swapped.tolist()}) + "\\n").encode())
 jax.distributed.shutdown()
 if rank == 0:
     print("RESULT " + json.dumps({"child": child.wait(timeout=60)}))
