@@ -177,9 +177,11 @@ struct Pending {
 // The segment /jaxlake-fakegpu-nccl-<uid>-<pid>-<n>-<random> that a unique
 // id names: a header (the rank count, its maker, a robust process-shared
 // mutex for joining and leaving), a slot a rank (its process, a barrier
-// counter, and its latest ncclCommSplit's color and key), a mailbox an ordered pair of ranks (the send whose bytes flow,
-// and whether a chunk waits), a staging area a rank for the collectives,
-// and the mailboxes' bytes. Only touched pages of it cost memory.
+// counter, and its latest ncclCommSplit's color and key), a mailbox an
+// ordered pair of ranks (the send whose bytes flow, and whether a chunk
+// waits), a staging area a rank for the collectives, and the mailboxes'
+// bytes. Only touched pages of it cost memory. A split of a clique that
+// spans processes meets in the segment <parent's name>-<split number>c<color>.
 //
 // A collective moves its bytes in rounds of at most kStage bytes a rank:
 // each rank stages its part, all meet (a barrier: each raises its counter
