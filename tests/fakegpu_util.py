@@ -81,6 +81,24 @@ def jax_reason() -> Optional[str]:
     return fake_gpu_reason()
 
 
+def fit_real_reason() -> str:
+    """Why `jaxlake fit`'s real runs cannot use the installed package's
+    fake GPU here ("": they can)."""
+    why = fake_gpu_reason()
+    if why is not None:
+        return why
+    from jaxlake._src.xla import fakegpu
+    if not os.path.isfile(fakegpu.library_path()):
+        return "this build has no fake GPU"
+    if fakegpu.nvidia_wheels():
+        return "NVIDIA's CUDA wheels are installed"
+    try:
+        import jax_plugins.xla_cuda12  # noqa: F401
+    except ImportError:
+        return "the CUDA 12 plugin is not installed"
+    return ""
+
+
 NEEDS_FAKE_GPU = pytest.mark.skipif(fake_gpu_reason() is not None,
                                     reason=str(fake_gpu_reason()))
 NEEDS_JAX = pytest.mark.skipif(jax_reason() is not None,

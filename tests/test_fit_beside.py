@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import List
 
 import pytest
-from fakegpu_util import fake_gpu_reason
+from fakegpu_util import fit_real_reason
 
 from jaxlake._src.fit import beside, engine, real, run
 from jaxlake._src.fit.search import FIRST_JOB, FitError, Vary
@@ -102,22 +102,10 @@ def test_beside_argument_errors(extra: List[str], message: str) -> None:
     assert done.stderr.startswith("jaxlake fit: error: --beside")
 
 
-_FAKE_WHY = fake_gpu_reason()
 
 
 def _skip_reason() -> str:
-    if _FAKE_WHY is not None:
-        return _FAKE_WHY
-    from jaxlake._src.xla import fakegpu
-    if not os.path.isfile(fakegpu.library_path()):
-        return "this build has no fake GPU"
-    if fakegpu.nvidia_wheels():
-        return "NVIDIA's CUDA wheels are installed"
-    try:
-        import jax_plugins.xla_cuda12  # noqa: F401
-    except ImportError:
-        return "the CUDA 12 plugin is not installed"
-    return ""
+    return fit_real_reason()
 
 
 #: The first job: takes a 16 MiB array, then writes a line a "step" to

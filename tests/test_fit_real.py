@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import List, Tuple
 
 import pytest
-from fakegpu_util import N_MIB_PROGRAM, fake_gpu_reason
+from fakegpu_util import N_MIB_PROGRAM, fit_real_reason
 
 from jaxlake._src.fit import engine, real, run, search
 from jaxlake._src.fit.search import FitError, Vary
@@ -213,24 +213,12 @@ def test_the_failed_request_is_read_from_either_allocators_message() -> None:
     assert real.request_size("RESOURCE_EXHAUSTED: something") is None
 
 
-_FAKE_WHY = fake_gpu_reason()
 
 SCRIPT = N_MIB_PROGRAM
 
 
 def _has_fake_gpu() -> str:
-    if _FAKE_WHY is not None:
-        return _FAKE_WHY
-    from jaxlake._src.xla import fakegpu
-    if not os.path.isfile(fakegpu.library_path()):
-        return "this build has no fake GPU"
-    if fakegpu.nvidia_wheels():
-        return "NVIDIA's CUDA wheels are installed"
-    try:
-        import jax_plugins.xla_cuda12  # noqa: F401
-    except ImportError:
-        return "the CUDA 12 plugin is not installed"
-    return ""
+    return fit_real_reason()
 
 
 @pytest.mark.skipif(bool(_has_fake_gpu()), reason=_has_fake_gpu() or "-")
