@@ -81,6 +81,23 @@ def jax_reason() -> Optional[str]:
     return fake_gpu_reason()
 
 
+#: A case's start for library_run(prelude=...): the fake's driver through
+#: ctypes (lib), a checked call (ck), device 0's primary context current.
+DRIVER_PRELUDE = """
+import ctypes, json, os, sys
+lib = ctypes.CDLL(sys.argv[1])
+def ck(r, what=""):
+    assert r == 0, f"{what}: error {r}"
+ck(lib.cuInit(0))
+_dev = ctypes.c_int()
+ck(lib.cuDeviceGet(ctypes.byref(_dev), 0))
+_ctx = ctypes.c_void_p()
+ck(lib.cuDevicePrimaryCtxRetain(ctypes.byref(_ctx), _dev))
+ck(lib.cuCtxSetCurrent(_ctx))
+U64 = ctypes.c_uint64
+"""
+
+
 def fit_real_reason() -> str:
     """Why `jaxlake fit`'s real runs cannot use the installed package's
     fake GPU here ("": they can)."""

@@ -19,7 +19,8 @@ from typing import Dict, Optional
 
 import pytest
 
-from fakegpu_util import NEEDS_FAKE_GPU, held_stream, library_run, result
+from fakegpu_util import (DRIVER_PRELUDE, NEEDS_FAKE_GPU, held_stream,
+                          library_run, result)
 
 
 pytestmark = NEEDS_FAKE_GPU
@@ -35,21 +36,10 @@ def _swap() -> bool:
 
 # Helpers of every case: the driver through ctypes, a checked call, the
 # device's bytes read back, and the resident pages of a range.
-PRELUDE = """
-import ctypes, json, os, sys
-lib = ctypes.CDLL(sys.argv[1])
+PRELUDE = DRIVER_PRELUDE + """
 libc = ctypes.CDLL(None, use_errno=True)
 PAGE = os.sysconf("SC_PAGE_SIZE")
 MiB = 1 << 20
-def ck(r, what=""):
-    assert r == 0, f"{what}: error {r}"
-ck(lib.cuInit(0))
-_dev = ctypes.c_int()
-ck(lib.cuDeviceGet(ctypes.byref(_dev), 0))
-_ctx = ctypes.c_void_p()
-ck(lib.cuDevicePrimaryCtxRetain(ctypes.byref(_ctx), _dev))
-ck(lib.cuCtxSetCurrent(_ctx))
-U64 = ctypes.c_uint64
 
 class Prop(ctypes.Structure):
     _fields_ = [("type", ctypes.c_int), ("handle_types", ctypes.c_int),

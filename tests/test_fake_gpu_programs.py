@@ -11,23 +11,8 @@ from __future__ import annotations
 
 import pytest
 
-from fakegpu_util import (NEEDS_FAKE_GPU, NEEDS_JAX, PRELUDE, fake_run,
-                          library_run, result)
-
-#: Drives the fake's driver through ctypes: one device, its context current.
-DRIVER = """
-import ctypes, json, sys
-lib = ctypes.CDLL(sys.argv[1])
-def ck(r, what=""):
-    assert r == 0, f"{what}: error {r}"
-ck(lib.cuInit(0))
-_dev = ctypes.c_int()
-ck(lib.cuDeviceGet(ctypes.byref(_dev), 0))
-_ctx = ctypes.c_void_p()
-ck(lib.cuDevicePrimaryCtxRetain(ctypes.byref(_ctx), _dev))
-ck(lib.cuCtxSetCurrent(_ctx))
-U64 = ctypes.c_uint64
-"""
+from fakegpu_util import (DRIVER_PRELUDE, NEEDS_FAKE_GPU, NEEDS_JAX, PRELUDE,
+                          fake_run, library_run, result)
 
 
 @NEEDS_FAKE_GPU
@@ -57,7 +42,7 @@ put(2)
 changed = [read() for _ in range(3)]                  # a new value: a new count
 print("RESULT " + json.dumps(dict(first=first, stuck=stuck, wide=wide,
                                   elsewhere=elsewhere, changed=changed)))
-""", prelude=DRIVER, env={"JAXLAKE_FAKEGPU_LOOP_LIMIT": "5"})
+""", prelude=DRIVER_PRELUDE, env={"JAXLAKE_FAKEGPU_LOOP_LIMIT": "5"})
     out = result(proc)
     assert out["first"] == [1, 1, 1, 1, 0]
     assert out["stuck"] == [1, 0, 1, 0]
@@ -88,7 +73,7 @@ while read(outer_pred) and outer < 1000:
     while read(inner_pred) and inner < 100000:
         inner += 1
 print("RESULT " + json.dumps(dict(outer=outer, inner=inner)))
-""", prelude=DRIVER, env={"JAXLAKE_FAKEGPU_LOOP_LIMIT": "5"})
+""", prelude=DRIVER_PRELUDE, env={"JAXLAKE_FAKEGPU_LOOP_LIMIT": "5"})
     out = result(proc)
     assert out["outer"] == 4                 # its 5th read is the 0
     assert out["inner"] == 4 + 3 * 1         # 4, then 1 a turn once stuck
@@ -107,7 +92,7 @@ for _ in range(3000):
     ck(lib.cuMemcpyDtoH_v2(ctypes.byref(out), flag, ctypes.c_size_t(1)))
     reads.append(out.value)
 print("RESULT " + json.dumps(dict(zeros=reads.count(0))))
-""", prelude=DRIVER, env={"JAXLAKE_FAKEGPU_LOOP_LIMIT": "0"})
+""", prelude=DRIVER_PRELUDE, env={"JAXLAKE_FAKEGPU_LOOP_LIMIT": "0"})
     assert result(proc)["zeros"] == 0
 
 
@@ -174,7 +159,7 @@ codes["string"] = lib.cuptiGetResultString(12, ctypes.byref(s))
 print("RESULT " + json.dumps(dict(
     codes=codes, later=t2.value >= t1.value > 0,
     dropped=dropped.value, string=s.value.decode())))
-""", prelude=DRIVER)
+""", prelude=DRIVER_PRELUDE)
     out = result(proc)
     assert out["later"]
     codes = out["codes"]
