@@ -9,8 +9,6 @@ stand-in for a GPU figure.
 
 from __future__ import annotations
 
-import pytest
-
 from fakegpu_util import (DRIVER_PRELUDE, NEEDS_FAKE_GPU, NEEDS_JAX, PRELUDE,
                           fake_run, library_run, result)
 

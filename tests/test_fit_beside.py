@@ -5,7 +5,6 @@ error; and one tiny real pair runs on a shared fake device."""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
