@@ -695,13 +695,15 @@ def test_why_over_breaks_the_held_bytes_down_at_the_fit() -> None:
     that fails, which the free bytes a stitch can reach do not cover."""
     why = _why_over()
     path = str(pathlib.Path(bench.installed_suite_dir() or "") /
-               "lm-small-remat-dots-no-batch-saveable.jsonl.gz")
+               "lm-small-per-tensor.jsonl.gz")
     r = why.explain(path, 0)  # type: ignore[attr-defined]
     granule = 2 << 20
     assert r["fit"] == r["limit"] + 1
     p = r["at_peak"]
     assert p["live"] == r["peak_live"]
-    assert p["held"] == r["fit"] * granule
+    # At the peak the lake holds at most the fit capacity (this trace's
+    # last granule is taken at another moment).
+    assert r["limit"] * granule <= p["held"] <= r["fit"] * granule
     assert p["held"] == sum(p[k] for k in (
         "live", "rounding", "free_chunks", "free_tails", "free_heads",
         "free_inner", "slab_free"))

@@ -318,9 +318,15 @@ Status Lake::Impl::ClaimPrimary(MutexLock& lk,
   FreeKey fit;
   if (found != nullptr ? (fit = *found, true) : FindFit(n, s, &fit)) {
     const auto [len, seg_id, start] = fit;
-    Carve(seg_id, start, n, state, owner);
+    // A free block that starts its segment and ends inside the first chunk
+    // (the head a growth leaves, below) is carved from its end: what stays
+    // free is still a head, where carving from its start would leave free
+    // units between two live ones, which no stitch can take.
+    const std::uint64_t at =
+        start == 0 && len > n && len < chunk_units ? len - n : start;
+    Carve(seg_id, at, n, state, owner);
     *seg_out = seg_id;
-    *start_out = start;
+    *start_out = at;
     *how = len == n ? AllocState::fit : AllocState::split;
     return Status::kOk;
   }
@@ -334,10 +340,39 @@ Status Lake::Impl::ClaimPrimary(MutexLock& lk,
   if (cs == Status::kOutOfMemory && chunks > need && ClaimCapacity(need))
     cs = CreateSegment(lk, need, seg_out);
   if (cs != Status::kOk) return cs;
-  Carve(*seg_out, 0, n, state, owner);
-  *start_out = 0;
+  // A request of less than a chunk leaves the rest of its chunk free: after
+  // it a tail, which can only lead a stitch, before it a head, which can
+  // only end one. While a free tail is larger than every free head, the
+  // request takes the chunk's end, so that a stitch can have both ends.
+  const std::uint64_t at =
+      segs.at(*seg_out).nchunks == 1 && n < chunk_units && TailOutgrowsHeads(s)
+          ? chunk_units - n
+          : 0;
+  Carve(*seg_out, at, n, state, owner);
+  *start_out = at;
   *how = AllocState::grow;
   return Status::kOk;
+}
+
+bool Lake::Impl::TailOutgrowsHeads(Stream s) const {
+  // Among the largest free blocks of less than a chunk usable by s: a tail
+  // ends at a chunk boundary and starts inside a chunk, a head the other
+  // way round.
+  std::uint64_t tail = 0, head = 0;
+  int seen = 0;
+  const bool all = clock.OnlyStream(s);
+  for (auto it = std::make_reverse_iterator(
+           free_index.lower_bound(FreeKey(chunk_units, 0, 0)));
+       it != free_index.rend() && seen < kEndCandidates; ++it, ++seen) {
+    const auto [len, seg_id, start] = *it;
+    if (!all && !clock.Usable(segs.at(seg_id).blocks.at(start).tag, s))
+      continue;
+    const bool starts = start % chunk_units == 0;
+    const bool ends = (start + len) % chunk_units == 0;
+    if (ends && !starts) tail = std::max(tail, len);
+    if (starts && !ends) head = std::max(head, len);
+  }
+  return tail > head;
 }
 
 void Lake::Impl::LeaveRange(const Segment& seg, std::uintptr_t* va,

@@ -200,6 +200,10 @@ struct Lake::Impl {
   std::size_t HeldBytes() const JAXLAKE_REQUIRES(mu);
   bool FindFit(std::uint64_t n, Stream s, FreeKey* out) const
       JAXLAKE_REQUIRES(mu);
+  // Whether the largest free tail below a chunk usable by s is larger than
+  // every such free head (ClaimPrimary places a growth of less than a
+  // chunk at its chunk's end then).
+  bool TailOutgrowsHeads(Stream s) const JAXLAKE_REQUIRES(mu);
   Status ClaimPrimary(MutexLock& lk, std::uint64_t n, Stream s,
                       BlockState state, std::uint64_t owner,
                       std::uint64_t* seg_out, std::uint64_t* start_out,

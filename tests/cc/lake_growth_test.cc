@@ -151,6 +151,45 @@ TEST(allocation_waits_for_a_creation_in_flight) {
   CHECK_EQ(lake.check(), std::string());
 }
 
+// A growth of less than a chunk leaves the rest of its chunk free. While a
+// free tail is larger than every free head, the request takes its chunk's
+// end, so the rest is a head: a later stitch can be led by the tail and end
+// in the head. Here the capacity leaves 2 chunks to create, and 5.25 MiB
+// fits only as 0.5 (a's tail) + 4 + 0.75 (b's head): with b at its chunk's
+// start, its 0.75 MiB tail could not end the range, and the request ran out
+// of memory. A free head at a segment's start is carved from its end, so
+// what stays free is still a head.
+TEST(growth_below_a_chunk_leaves_a_head_beside_a_free_tail) {
+  jaxlake::vmm::HostDriver drv(SmallDevice());
+  Lake lake(drv, Capped(8 * kMiB));
+  AllocState how{};
+  auto a = Alloc(lake, 3 * kMiB / 2, &how);  // a chunk: a 0.5 MiB tail
+  CHECK(how == AllocState::grow);
+  CHECK_EQ(a % (2 * kMiB), 0u);
+  auto b = Alloc(lake, 5 * kMiB / 4, &how);  // a chunk of its own
+  CHECK(how == AllocState::grow);
+  CHECK_EQ((b + 5 * kMiB / 4) % (2 * kMiB), 0u);  // at its chunk's end
+  Fill(a, 3 * kMiB / 2, 1);
+  Fill(b, 5 * kMiB / 4, 2);
+  auto c = Alloc(lake, 21 * kMiB / 4, &how);
+  CHECK(how == AllocState::stitch_grow);
+  CHECK_EQ(Reserved(lake), 8 * kMiB);
+  Fill(c, 21 * kMiB / 4, 3);
+  CHECK(Holds(a, 3 * kMiB / 2, 1));
+  CHECK(Holds(b, 5 * kMiB / 4, 2));
+  CHECK(Holds(c, 21 * kMiB / 4, 3));
+  CHECK_EQ(lake.check(), std::string());
+  CHECK(lake.free(c, 0) == Status::kOk);
+  // The head (0.75 MiB, the smallest block that fits) is carved from its
+  // end: d ends where b starts, the head's first 0.125 MiB stay free.
+  auto d = Alloc(lake, 5 * kMiB / 8, &how);
+  CHECK(how == AllocState::split);
+  CHECK_EQ(d + 5 * kMiB / 8, b);
+  Fill(d, 5 * kMiB / 8, 4);
+  CHECK(Holds(b, 5 * kMiB / 4, 2));
+  CHECK_EQ(FreeAllThenCheck(lake, {a, b, d}), std::string());
+}
+
 // Growth places segments back to back in one reservation: one reserve for
 // several growths, each segment starting where the previous one ends.
 TEST(growth_segments_are_back_to_back_in_one_reservation) {
@@ -191,12 +230,15 @@ TEST(free_run_across_segments_serves_without_a_driver_call) {
   Lake lake(drv, LakeOptions{});
   auto x = Alloc(lake, 3 * kMiB / 2);  // segment 1: 1 chunk, 0.5 MiB free
   auto m = Alloc(lake, 2 * kMiB);      // segment 2: 1 chunk
-  auto y = Alloc(lake, kMiB);          // segment 3: 1 chunk, 1 MiB free
-  auto z = Alloc(lake, kMiB);          // the rest of segment 3
+  // Segment 3: 1 chunk. Beside x's free tail, y takes its chunk's end
+  // (growth_below_a_chunk_leaves_a_head_beside_a_free_tail), and z the
+  // free head before it.
+  auto y = Alloc(lake, kMiB);
+  auto z = Alloc(lake, kMiB);
   CHECK_EQ(m, x + 2 * kMiB);
-  CHECK_EQ(y, m + 2 * kMiB);
-  CHECK_EQ(z, y + kMiB);
-  CHECK(FreeAll(lake, {m, y}));
+  CHECK_EQ(z, m + 2 * kMiB);
+  CHECK_EQ(y, z + kMiB);
+  CHECK(FreeAll(lake, {m, z}));
   // Free: 0.5 MiB + 2 MiB + 1 MiB, contiguous; no single block of 3 MiB.
   const auto calls0 = drv.calls();
   AllocState how{};
@@ -207,10 +249,10 @@ TEST(free_run_across_segments_serves_without_a_driver_call) {
   CHECK(drv.accessible(s, 3 * kMiB));
   Fill(s, 3 * kMiB, 0x3C);
   Fill(x, 3 * kMiB / 2, 0x11);
-  Fill(z, kMiB, 0x22);
+  Fill(y, kMiB, 0x22);
   CHECK(Holds(s, 3 * kMiB, 0x3C));
   CHECK_EQ(lake.check(), std::string());
-  CHECK(FreeAll(lake, {x, z}));
+  CHECK(FreeAll(lake, {x, y}));
   CHECK_EQ(lake.empty_cache(), 0u);  // s covers all three segments
   CHECK(Holds(s, 3 * kMiB, 0x3C));
   CHECK_EQ(lake.check(), std::string());
