@@ -239,6 +239,8 @@ Status Lake::Impl::CreateSegment(MutexLock& lk,
   b.end = n * chunk_units;
   IndexAdd(id, 0, seg.blocks.emplace(0, b).first->second);
   st.bytes_reserved.add(static_cast<std::int64_t>(bytes));
+  held_high = std::max(held_high,
+                       static_cast<std::size_t>(st.bytes_reserved.current));
   st.segments.add(1);
   *seg_out = id;
   return Status::kOk;

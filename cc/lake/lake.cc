@@ -150,6 +150,7 @@ Status Lake::allocate(std::size_t nbytes, Stream stream,
   if (!state) state = &dummy;
   if (nbytes == 0 || address == nullptr) return Status::kInvalidValue;
   MutexLock lk(m.mu);
+  if (m.restart_pending) m.Restart(lk);
   Status r;
   if (nbytes <= m.opt.small_limit) {
     r = m.Small(lk, nbytes, stream, address);
@@ -227,6 +228,14 @@ Status Lake::free(std::uintptr_t address, Stream stream) {
       break;
     }
   }
+  // The last live allocation freed after the lake came within 1/16 of its
+  // capacity: the segments it holds are laid out for the order of what
+  // came before, and a repeated run, best-fitting into them, can need more
+  // than a fresh lake would. The next allocation starts over (Restart).
+  // One segment (a preallocation) is no such layout and is kept.
+  if (m.st.live_allocations.current == 0 && m.st.segments.current > 1 &&
+      (m.capacity - std::min(m.capacity, m.held_high)) * 16 < m.held_high)
+    m.restart_pending = true;
   m.DebugCheck();
   return Status::kOk;
 }

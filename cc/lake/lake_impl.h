@@ -84,6 +84,12 @@ struct Lake::Impl {
   // nothing was, the program is only building up state, and a stitch's
   // shortfall is sized as a growth (TryStitch).
   bool freed_since_growth JAXLAKE_GUARDED_BY(mu) = false;
+  // The most physical memory the lake held since it last started over
+  // (Restart) or released its free segments (empty_cache): when it
+  // empties after coming within 1/16 of the capacity, holding more than
+  // one segment, the next allocation first starts over (restart_pending).
+  std::size_t held_high JAXLAKE_GUARDED_BY(mu) = 0;
+  bool restart_pending JAXLAKE_GUARDED_BY(mu) = false;
   // Physical bytes of segments being released right now (lock released):
   // still held by the driver, so they still count against the capacity.
   std::size_t releasing_bytes JAXLAKE_GUARDED_BY(mu) = 0;
@@ -394,6 +400,11 @@ struct Lake::Impl {
   // other streams whose frees completed, and advances again to fence the
   // frees that made (empty_cache, release_cached).
   void FenceFrees() JAXLAKE_REQUIRES(mu);
+  // After the last live allocation was freed near the capacity: waits for
+  // the streams' pending frees and releases what is free (cached stitched
+  // ranges, free segments) so that the lake starts over as a fresh one
+  // (reclaim.cc).
+  void Restart(MutexLock& lk) JAXLAKE_MAY_UNLOCK(mu);
   Status Small(MutexLock& lk, std::size_t size, Stream s,
                std::uintptr_t* addr) JAXLAKE_MAY_UNLOCK(mu);
 

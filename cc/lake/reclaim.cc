@@ -245,6 +245,22 @@ void Lake::Impl::FenceFrees() {
   }
 }
 
+// The lake emptied near its capacity (Lake::free): releases what is free,
+// waiting for the streams' pending frees as reclaim does (the lock is
+// released meanwhile), so that the next run grows as on a fresh lake.
+void Lake::Impl::Restart(MutexLock& lk) {
+  restart_pending = false;
+  if (st.live_allocations.current != 0) return;
+  FenceFrees();
+  WaitStreams(lk);
+  TrimCache(lk, 0);
+  ReleaseFreeSegments(lk);  // merges first
+  // What another thread took meanwhile stays, and so does what the driver
+  // refused to release (kept and retried as always).
+  held_high = static_cast<std::size_t>(st.bytes_reserved.current);
+  if (st.live_allocations.current == 0) freed_since_growth = false;
+}
+
 std::size_t Lake::empty_cache(Status* status) {
   Impl& m = *impl_;
   MutexLock lk(m.mu);
@@ -254,6 +270,7 @@ std::size_t Lake::empty_cache(Status* status) {
   std::size_t released = m.RetryUnreleased(lk, &first, &error);
   m.TrimCache(lk, 0, &first, &error);
   released += m.ReleaseFreeSegments(lk, &first, &error);  // merges first
+  m.held_high = static_cast<std::size_t>(m.st.bytes_reserved.current);
   if (first != Status::kOk) {
     m.last_error = "empty_cache: " + error + "; " +
                    std::to_string(m.st.unreleased.current) +

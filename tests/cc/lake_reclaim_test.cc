@@ -1,6 +1,7 @@
 // Tests of reclaim (cc/lake/reclaim.cc): empty_cache(), destruction,
-// driver failures rolled back or kept and retried, and reclaim steps made
-// with the lock released.
+// driver failures rolled back or kept and retried, reclaim steps made
+// with the lock released, and a lake emptied near its capacity starting
+// over.
 #include <cstdint>
 #include <string>
 #include <vector>
@@ -258,6 +259,72 @@ TEST(capacity_counts_memory_being_released) {
   CHECK_EQ(sim.physical_bytes(), 0u);
   std::uintptr_t p = Alloc(lake, 4 * kMiB, nullptr, 1);  // free again now
   CHECK(lake.free(p, 1) == Status::kOk);
+}
+
+// Segments laid out by one run's order (here eight of 8 MiB, up to the
+// capacity): once the lake has emptied, the next allocation releases them
+// and the lake grows again as a fresh one, so a repeated run is placed as
+// the first was, in no more memory.
+TEST(a_lake_emptied_near_its_capacity_starts_over) {
+  SimDriver drv(SmallDevice());
+  Lake lake(drv, Capped(64 * kMiB));
+  std::vector<std::uintptr_t> blocks = AllocEach(lake, 8, 8 * kMiB);
+  CHECK_EQ(lake.stats().segments.current, 8);
+  for (std::size_t i = 0; i + 1 < blocks.size(); ++i)
+    CHECK(lake.free(blocks[i], 0) == Status::kOk);
+  // Not empty yet: the segments stay.
+  std::uintptr_t p = Alloc(lake, 8 * kMiB);
+  CHECK(lake.free(p, 0) == Status::kOk);
+  CHECK_EQ(lake.stats().segments_released, 0u);
+  CHECK(lake.free(blocks.back(), 1) == Status::kOk);
+  CHECK_EQ(Reserved(lake), 64 * kMiB);  // nothing released at the free
+  AllocState how{};
+  p = Alloc(lake, 12 * kMiB, &how);
+  CHECK(how == AllocState::grow);
+  CHECK_EQ(lake.stats().segments_released, 8u);
+  CHECK_EQ(lake.stats().segments.current, 1);
+  CHECK_EQ(Reserved(lake), 12 * kMiB);
+  CHECK_EQ(lake.check(), std::string());
+  CHECK(lake.free(p, 0) == Status::kOk);
+  // Emptied again with one segment: nothing to lay out anew, it stays.
+  Alloc(lake, 4 * kMiB, &how);
+  CHECK(how == AllocState::split);
+  CHECK_EQ(lake.stats().segments_released, 8u);
+}
+
+// Far below its capacity, an emptied lake keeps its segments: the next run
+// is served from them with no driver call, and may grow where it needs.
+TEST(a_lake_emptied_far_from_its_capacity_keeps_its_segments) {
+  SimDriver drv(SmallDevice());
+  Lake lake(drv, Capped(128 * kMiB));
+  std::vector<std::uintptr_t> blocks = AllocEach(lake, 8, 8 * kMiB);
+  for (std::uintptr_t b : blocks) CHECK(lake.free(b, 0) == Status::kOk);
+  const std::uint64_t creates =
+      drv.calls()[static_cast<int>(Call::create)];
+  AllocState how{};
+  Alloc(lake, 8 * kMiB, &how);
+  CHECK(how == AllocState::fit);
+  CHECK_EQ(drv.calls()[static_cast<int>(Call::create)], creates);
+  CHECK_EQ(lake.stats().segments_released, 0u);
+  CHECK_EQ(lake.stats().segments.current, 8);
+}
+
+// A free whose last use is still in flight (stream 1 held until someone
+// waits for it) is waited for, as reclaim does, and its segment released
+// with the others.
+TEST(starting_over_waits_for_frees_in_flight) {
+  SimDriver drv(SmallDevice());
+  Lake lake(drv, Capped(64 * kMiB));
+  std::vector<std::uintptr_t> blocks = AllocEach(lake, 7, 8 * kMiB);
+  drv.hold_stream(1, /*until_waited=*/true);
+  const std::uintptr_t p = Alloc(lake, 8 * kMiB, nullptr, 1);
+  for (std::uintptr_t b : blocks) CHECK(lake.free(b, 0) == Status::kOk);
+  CHECK(lake.free(p, 1) == Status::kOk);
+  Alloc(lake, 8 * kMiB);
+  CHECK(!drv.stream_held(1));
+  CHECK_EQ(lake.stats().segments_released, 8u);
+  CHECK_EQ(lake.stats().segments.current, 1);
+  CHECK_EQ(lake.check(), std::string());
 }
 
 }  // namespace

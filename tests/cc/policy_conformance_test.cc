@@ -221,53 +221,94 @@ POLICY_TEST(free_of_an_unknown_address_changes_nothing) {
   b.free_all();
 }
 
+// One run of a workload: on two streams (i % 2), every third block (the
+// oldest live one) freed as it goes, then everything. Returns the most the
+// policy held, or 0 when it ran out. The workload frees its oldest live
+// block, so its live bytes are the same every run whatever the addresses
+// (freeing the lowest address made each run a different workload).
+std::size_t RunOnce(Policy& p, const std::vector<std::size_t>& sizes,
+                    std::size_t capacity) {
+  Books b(p);
+  std::deque<std::uintptr_t> order;  // live blocks, oldest first
+  std::size_t most = 0;
+  for (std::size_t i = 0; i < sizes.size(); ++i) {
+    if (!b.allocate(sizes[i], i % 2)) return 0;
+    order.push_back(b.last());
+    most = std::max(most, p.reserved());
+    if (i % 3 == 2) {
+      b.free(order.front());
+      order.pop_front();
+    }
+  }
+  b.check_reserved(capacity);
+  b.free_all();
+  b.check_reserved(capacity);
+  return most;
+}
+
 // Once everything is freed, the policy serves the same workload again,
 // and again: nothing leaks from one run to the next. The capacity is the
-// most it held over three runs without one (a run after the first may
-// need more than the first: the memory it kept is laid out for the first
-// run's order, not the next's), and three more runs must fit in it; a
-// policy that kept memory back at each run would need more each time.
-// The workload frees its oldest live block, so its live bytes are the same
-// every run whatever the addresses (freeing the lowest address made each
-// run a different workload). Checked over 20 seeds.
+// most it held over three runs without one, and three more runs must fit
+// in it; a policy that kept memory back at each run would need more each
+// time. Checked over 20 seeds.
 POLICY_TEST(freeing_everything_resets_the_policy) {
   for (unsigned seed = 1; seed <= 20; ++seed) {
     const std::vector<std::size_t> sizes = Sizes(seed, 60);
-    // One run: the workload on two streams, every third block (the oldest
-    // live one) freed as it goes, then everything; the most the policy
-    // held, or 0 when it ran out.
-    auto run = [&](Policy& p, std::size_t capacity) -> std::size_t {
-      Books b(p);
-      std::deque<std::uintptr_t> order;  // live blocks, oldest first
-      std::size_t most = 0;
-      for (std::size_t i = 0; i < sizes.size(); ++i) {
-        if (!b.allocate(sizes[i], i % 2)) return 0;
-        order.push_back(b.last());
-        most = std::max(most, p.reserved());
-        if (i % 3 == 2) {
-          b.free(order.front());
-          order.pop_front();
-        }
-      }
-      b.check_reserved(capacity);
-      b.free_all();
-      b.check_reserved(capacity);
-      return most;
-    };
     auto probe = Make(policy);
     std::size_t need = 0;
     for (int round = 0; round < 3; ++round) {
-      const std::size_t most = run(*probe, PolicyOptions{}.capacity);
+      const std::size_t most = RunOnce(*probe, sizes, PolicyOptions{}.capacity);
       REQUIRE(most > 0);
       need = std::max(need, most);
     }
     auto p = Make(policy, Cap(need));
     for (int round = 0; round < 3; ++round) {
-      const std::size_t most = run(*p, need);
+      const std::size_t most = RunOnce(*p, sizes, need);
       if (most == 0) std::fprintf(stderr, "seed %u, run %d\n", seed, round);
       CHECK(most > 0);
     }
   }
+}
+
+// The same workload run again after everything was freed fits in what its
+// first run held on a fresh policy: a program that fit once (its first
+// epoch, its first call) fits again. The memory a policy keeps is laid out
+// for the first run's order; best-fitting the next run into it needed more
+// (jaxlake ran out on 11 of these 20 seeds, 34 of seeds 1..60, before the
+// lake started over once emptied near its capacity). Not every model
+// keeps this promise (on these seeds torch and gmlake run out on 5,
+// torch-expandable on 1), so the test is not a POLICY_TEST; bfc,
+// bfc-growth and xla-vmm keep it as the lake does.
+void RepeatedRunsFitTheFirstRunsPeak(const std::string& policy) {
+  int failed = 0;
+  for (unsigned seed = 1; seed <= 20; ++seed) {
+    const std::vector<std::size_t> sizes = Sizes(seed, 60);
+    auto probe = Make(policy);
+    const std::size_t need = RunOnce(*probe, sizes, PolicyOptions{}.capacity);
+    REQUIRE(need > 0);
+    auto p = Make(policy, Cap(need));
+    for (int round = 0; round < 3; ++round) {
+      if (RunOnce(*p, sizes, need) > 0) continue;
+      std::fprintf(stderr, "%s: seed %u, run %d out of memory\n",
+                   policy.c_str(), seed, round);
+      ++failed;
+      break;
+    }
+  }
+  CHECK_EQ(failed, 0);
+}
+
+TEST(jaxlake_repeated_runs_fit_the_first_runs_peak) {
+  RepeatedRunsFitTheFirstRunsPeak("jaxlake");
+}
+TEST(bfc_repeated_runs_fit_the_first_runs_peak) {
+  RepeatedRunsFitTheFirstRunsPeak("bfc");
+}
+TEST(bfc_growth_repeated_runs_fit_the_first_runs_peak) {
+  RepeatedRunsFitTheFirstRunsPeak("bfc-growth");
+}
+TEST(xla_vmm_repeated_runs_fit_the_first_runs_peak) {
+  RepeatedRunsFitTheFirstRunsPeak("xla-vmm");
 }
 
 }  // namespace
