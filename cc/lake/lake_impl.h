@@ -76,6 +76,10 @@ struct Lake::Impl {
   // signal of each: a request refused while others' creations hold the
   // capacity waits for one to finish (WithReclaim).
   std::uint64_t creations JAXLAKE_GUARDED_BY(mu) = 0;
+  // Rounds of segment releases finished (ReleaseFreeSegments), signalled
+  // the same way: a request refused while others' releases still hold the
+  // capacity (releasing_bytes) waits for them too.
+  std::uint64_t releases JAXLAKE_GUARDED_BY(mu) = 0;
   std::condition_variable created;
   // preallocate: the first growth takes the whole capacity; it is tried
   // once (a refusal falls back to growth on demand).
@@ -242,15 +246,17 @@ struct Lake::Impl {
     Status r = attempt();
     if (r != Status::kOutOfMemory) return r;
     ++st.reclaims;
-    // Capacity claimed by other threads' segment creations in flight (lock
-    // released) is not lost: wait for them to finish, then try again,
-    // before reclaiming anything. (This thread's own claims are settled
-    // when an attempt returns.)
-    while (r == Status::kOutOfMemory && pending_bytes > 0) {
-      const std::uint64_t gen = creations;
+    // Capacity claimed by other threads' segment creations in flight, or
+    // held by segments other threads are releasing (lock released), is not
+    // lost: wait for them to finish, then try again, before reclaiming
+    // anything. (This thread's own claims and releases are settled when an
+    // attempt or a reclaim step returns.)
+    while (r == Status::kOutOfMemory &&
+           (pending_bytes > 0 || releasing_bytes > 0)) {
+      const std::uint64_t gen = creations, rel = releases;
       created.wait(lk.native(), [&] {
         mu.AssertHeld();
-        return creations != gen;
+        return creations != gen || releases != rel;
       });
       seen = changes;
       r = attempt();

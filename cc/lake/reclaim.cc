@@ -185,6 +185,8 @@ std::size_t Lake::Impl::ReleaseFreeSegments(MutexLock& lk,
   }
   Relock(lk);
   releasing_bytes -= releasing;
+  ++releases;
+  created.notify_all();
   ++changes;
   // A segment leaves its growth range only now, after its unmap: another
   // thread may be unmapping a segment of the same range meanwhile, and the

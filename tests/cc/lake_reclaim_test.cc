@@ -2,8 +2,10 @@
 // driver failures rolled back or kept and retried, reclaim steps made
 // with the lock released, and a lake emptied near its capacity starting
 // over.
+#include <atomic>
 #include <cstdint>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "cc/vmm/host_driver.h"
@@ -232,27 +234,43 @@ TEST(cache_drop_and_release_with_the_lock_released) {
 // Found by the stress harness (8 threads, faults): while a free segment was
 // being released (lock released), its bytes were already off the books, so
 // another thread grew into that capacity; when the release then failed, the
-// lake held more than its capacity.
+// lake held more than its capacity. Now the bytes count until the driver
+// answers, and a request they refuse waits for the release instead of
+// failing: here the release fails, the other thread's request then retries
+// it in its own reclaim and is served, and the capacity holds throughout.
 TEST(capacity_counts_memory_being_released) {
   SimDriver sim(SmallDevice());
   FaultyDriver drv(sim);
   Lake lake(drv, Capped(4 * kMiB));
   std::uintptr_t a = Alloc(lake, 4 * kMiB);
   CHECK(lake.free(a, 0) == Status::kOk);
-  Status during = Status::kOk;
+  Status during = Status::kOutOfMemory;
+  std::thread other;
+  std::atomic<bool> done{false};
   int fired = 0;
   drv.hook(Call::unmap, [&] {
     ++fired;
-    std::uintptr_t p = 0;
-    during = lake.allocate(4 * kMiB, 1, &p);
-    if (during == Status::kOk) CHECK(lake.free(p, 1) == Status::kOk);
+    const auto reclaims = lake.stats().reclaims;
+    other = std::thread([&] {
+      std::uintptr_t p = 0;
+      during = lake.allocate(4 * kMiB, 1, &p);
+      CHECK(sim.physical_bytes() <= 4 * kMiB);
+      if (during == Status::kOk) CHECK(lake.free(p, 1) == Status::kOk);
+      done = true;
+    });
+    // The release goes on once the request was refused and waits for it.
+    while (lake.stats().reclaims == reclaims && !done)
+      std::this_thread::yield();
+    CHECK(!done);
   }, /*after=*/false);
   drv.fail(Call::unmap);
   Status s = Status::kOk;
   lake.empty_cache(&s);
+  other.join();
   CHECK_EQ(fired, 1);
   CHECK(s == Status::kDriverError);
-  CHECK(during == Status::kOutOfMemory);  // the driver still held it
+  CHECK(during == Status::kOk);
+  CHECK(sim.physical_bytes() <= 4 * kMiB);
   CHECK_EQ(lake.check(), std::string());
   lake.empty_cache(&s);
   CHECK(s == Status::kOk);
@@ -325,6 +343,61 @@ TEST(starting_over_waits_for_frees_in_flight) {
   CHECK_EQ(lake.stats().segments_released, 8u);
   CHECK_EQ(lake.stats().segments.current, 1);
   CHECK_EQ(lake.check(), std::string());
+}
+
+// Starting over releases the lock twice: waiting for a stream's frees in
+// flight and releasing the free segments. Meanwhile other threads allocate
+// and free (run inside those driver calls): the block taken while the
+// restart waits is not released under its owner, a request made while the
+// segments are released is served once they are, the restarting request
+// is served, and the books stay consistent and within the capacity.
+TEST(starting_over_with_the_lock_released) {
+  HookedLake t(64 * kMiB);
+  std::vector<std::uintptr_t> blocks = AllocEach(t.lake, 7, 8 * kMiB);
+  t.sim.hold_stream(1, /*until_waited=*/true);
+  const std::uintptr_t q = Alloc(t.lake, 8 * kMiB, nullptr, 1);
+  for (std::uintptr_t b : blocks) CHECK(t.lake.free(b, 0) == Status::kOk);
+  CHECK(t.lake.free(q, 1) == Status::kOk);  // emptied at the capacity
+  std::uintptr_t x = 0, y = 0;
+  t.drv.hook(Call::event_synchronize, [&] {
+    ++t.fired;
+    x = Alloc(t.lake, 4 * kMiB, nullptr, 2);
+    CHECK_EQ(t.lake.check(), std::string());
+  }, /*after=*/false);
+  // A request refused while the restart's releases still hold the
+  // capacity waits for them (it runs on a thread of its own).
+  std::thread other;
+  std::atomic<bool> done{false};
+  t.drv.hook(Call::release, [&] {
+    ++t.fired;
+    CHECK(t.lake.free(x, 2) == Status::kOk);
+    CHECK_EQ(t.lake.check(), std::string());
+    // x's segment is free now but kept; the rest is being released.
+    const auto reclaims = t.lake.stats().reclaims;
+    other = std::thread([&] {
+      y = Alloc(t.lake, 16 * kMiB, nullptr, 3);
+      done = true;
+    });
+    while (t.lake.stats().reclaims == reclaims && !done)
+      std::this_thread::yield();
+    CHECK(!done);  // refused, and waiting for the releases
+  });
+  AllocState how{};
+  const std::uintptr_t p = Alloc(t.lake, 16 * kMiB, &how);
+  other.join();
+  CHECK_EQ(t.fired, 2);
+  CHECK(x != 0 && y != 0);
+  CHECK(p + 16 * kMiB <= y || y + 16 * kMiB <= p);  // no byte handed twice
+  CHECK(t.lake.stats().segments_released > 0u);
+  CHECK(Reserved(t.lake) <= 64 * kMiB);
+  CHECK_EQ(t.lake.stats().live_allocations.current, 2);
+  CHECK_EQ(t.lake.check(), std::string());
+  CHECK(t.lake.free(y, 3) == Status::kOk);
+  CHECK(t.lake.free(p, 0) == Status::kOk);
+  t.lake.empty_cache();
+  CHECK_EQ(t.lake.stats().bytes_reserved.current, 0);
+  CHECK_EQ(t.sim.physical_bytes(), 0u);
+  CHECK_EQ(t.lake.check(), std::string());
 }
 
 }  // namespace
