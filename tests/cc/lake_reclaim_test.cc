@@ -4,6 +4,7 @@
 // over.
 #include <atomic>
 #include <cstdint>
+#include <memory>
 #include <string>
 #include <thread>
 #include <vector>
@@ -16,6 +17,24 @@
 // the helpers of test_util.h need no qualification.
 namespace jaxlake::testing {
 namespace {
+
+// From inside a driver call (the lake's lock released), runs `request` on
+// a thread of its own and returns that thread once the request was refused
+// and waits (the lake's reclaim count moved) or has returned; *waited
+// tells which.
+template <typename F>
+std::thread RunUntilRefused(Lake& lake, F request, bool* waited) {
+  const auto reclaims = lake.stats().reclaims;
+  auto done = std::make_shared<std::atomic<bool>>(false);
+  std::thread t([request, done]() mutable {
+    request();
+    *done = true;
+  });
+  while (lake.stats().reclaims == reclaims && !*done)
+    std::this_thread::yield();
+  *waited = !*done;
+  return t;
+}
 
 TEST(driver_failures_roll_back) {
   jaxlake::vmm::HostDriver host(SmallDevice());
@@ -246,22 +265,18 @@ TEST(capacity_counts_memory_being_released) {
   CHECK(lake.free(a, 0) == Status::kOk);
   Status during = Status::kOutOfMemory;
   std::thread other;
-  std::atomic<bool> done{false};
   int fired = 0;
   drv.hook(Call::unmap, [&] {
     ++fired;
-    const auto reclaims = lake.stats().reclaims;
-    other = std::thread([&] {
+    // The release goes on once the request was refused and waits for it.
+    bool waited = false;
+    other = RunUntilRefused(lake, [&] {
       std::uintptr_t p = 0;
       during = lake.allocate(4 * kMiB, 1, &p);
       CHECK(sim.physical_bytes() <= 4 * kMiB);
       if (during == Status::kOk) CHECK(lake.free(p, 1) == Status::kOk);
-      done = true;
-    });
-    // The release goes on once the request was refused and waits for it.
-    while (lake.stats().reclaims == reclaims && !done)
-      std::this_thread::yield();
-    CHECK(!done);
+    }, &waited);
+    CHECK(waited);
   }, /*after=*/false);
   drv.fail(Call::unmap);
   Status s = Status::kOk;
@@ -367,20 +382,15 @@ TEST(starting_over_with_the_lock_released) {
   // A request refused while the restart's releases still hold the
   // capacity waits for them (it runs on a thread of its own).
   std::thread other;
-  std::atomic<bool> done{false};
   t.drv.hook(Call::release, [&] {
     ++t.fired;
     CHECK(t.lake.free(x, 2) == Status::kOk);
     CHECK_EQ(t.lake.check(), std::string());
     // x's segment is free now but kept; the rest is being released.
-    const auto reclaims = t.lake.stats().reclaims;
-    other = std::thread([&] {
-      y = Alloc(t.lake, 16 * kMiB, nullptr, 3);
-      done = true;
-    });
-    while (t.lake.stats().reclaims == reclaims && !done)
-      std::this_thread::yield();
-    CHECK(!done);  // refused, and waiting for the releases
+    bool waited = false;
+    other = RunUntilRefused(
+        t.lake, [&] { y = Alloc(t.lake, 16 * kMiB, nullptr, 3); }, &waited);
+    CHECK(waited);  // refused, and waiting for the releases
   });
   AllocState how{};
   const std::uintptr_t p = Alloc(t.lake, 16 * kMiB, &how);
