@@ -62,7 +62,36 @@ Status Lake::Impl::LargeOnce(MutexLock& lk, std::uint64_t n,
                              Stream s, std::size_t size, std::uintptr_t* addr,
                              AllocState* state) {
   FreeKey fit;
-  bool found = FindFit(n, s, &fit);
+  bool found = false;
+  if (n >= kRegionFitChunks * chunk_units && opt.stitch &&
+      size >= opt.stitch_min) {
+    // A request of several chunks: best fit over free runs as well as
+    // blocks, so that consecutive requests pack into one run as in a
+    // single growing region.
+    std::uint64_t seg = 0, start = 0;
+    switch (FindRegionFit(n, s, &fit, &seg, &start)) {
+      case RegionFit::kRun: {
+        // The run's first block may hold the request on its own.
+        const std::uint64_t len = segs.at(seg).blocks.at(start).end - start;
+        if (len >= n) {
+          fit = FreeKey(len, seg, start);
+          found = true;
+          break;
+        }
+        Status r = ServeRun(lk, seg, start, n, s, size, addr, state);
+        if (r != Status::kOutOfMemory) return r;
+        found = FindFit(n, s, &fit);  // the run had too many pieces
+        break;
+      }
+      case RegionFit::kBlock:
+        found = true;
+        break;
+      case RegionFit::kNone:
+        break;
+    }
+  } else {
+    found = FindFit(n, s, &fit);
+  }
   if (!found && TryReuse(n, s, size, addr)) {
     *state = AllocState::stitch_reuse;
     return Status::kOk;

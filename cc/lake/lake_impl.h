@@ -367,9 +367,26 @@ struct Lake::Impl {
                         std::uint64_t n, Stream s, std::vector<Piece>* plan,
                         std::uint64_t* lead) const JAXLAKE_REQUIRES(mu);
   // The smallest free run of at least n units usable by s that crosses a
-  // segment boundary; false when there is none.
+  // segment boundary (its length in *len_out, if given); false when there
+  // is none.
   bool FindSpan(std::uint64_t n, Stream s, std::uint64_t* seg_out,
-                std::uint64_t* start_out) const JAXLAKE_REQUIRES(mu);
+                std::uint64_t* start_out,
+                std::uint64_t* len_out = nullptr) const JAXLAKE_REQUIRES(mu);
+  // Whether the free block of len units at unit `start` of seg_id runs on
+  // into a free block of a back-to-back neighbour, usable by s.
+  bool InRun(std::uint64_t seg_id, std::uint64_t start, std::uint64_t len,
+             Stream s) const JAXLAKE_REQUIRES(mu);
+  // Requests of at least this many chunks are placed by FindRegionFit.
+  static constexpr std::uint64_t kRegionFitChunks = 4;
+  // Best fit for n units over the free space as one growing region sees
+  // it: a free run across back-to-back segments is one block, and its parts
+  // are no candidates of their own (docs/design.md, "Best fit over free
+  // runs"). Returns kRun with *seg_out/*start_out the run's start, kBlock
+  // with *fit a single free block, or kNone.
+  enum class RegionFit { kNone, kBlock, kRun };
+  RegionFit FindRegionFit(std::uint64_t n, Stream s, FreeKey* fit,
+                          std::uint64_t* seg_out,
+                          std::uint64_t* start_out) const JAXLAKE_REQUIRES(mu);
   // The free run that ends at the current growth range's edge (the end of
   // its newest segment), where a new segment would be placed.
   bool EdgeRun(Stream s, std::uint64_t* seg_out,

@@ -59,7 +59,8 @@ std::uint64_t Lake::Impl::PlanRun(std::uint64_t seg_id, std::uint64_t start,
 }
 
 bool Lake::Impl::FindSpan(std::uint64_t n, Stream s, std::uint64_t* seg_out,
-                          std::uint64_t* start_out) const {
+                          std::uint64_t* start_out,
+                          std::uint64_t* len_out) const {
   // One pass over the segments in address order, keeping the maximal run
   // that is open at the end of the previous segment.
   bool found = false;
@@ -71,6 +72,7 @@ bool Lake::Impl::FindSpan(std::uint64_t n, Stream s, std::uint64_t* seg_out,
     if (open && run_segs >= 2 && run_len >= n && (!found || run_len < best)) {
       found = true;
       best = run_len;
+      if (len_out != nullptr) *len_out = run_len;
       *seg_out = run_seg;
       *start_out = run_start;
     }
@@ -100,6 +102,53 @@ bool Lake::Impl::FindSpan(std::uint64_t n, Stream s, std::uint64_t* seg_out,
   }
   consider();
   return found;
+}
+
+bool Lake::Impl::InRun(std::uint64_t seg_id, std::uint64_t start,
+                        std::uint64_t len, Stream s) const {
+  const Segment& seg = segs.at(seg_id);
+  if (seg.range == 0) return false;
+  std::uint64_t at = 0;
+  if (start + len == seg.nchunks * chunk_units) {
+    const std::uint64_t next = NextInRange(seg_id);
+    if (next != 0 && FirstFree(next, s, &at)) return true;
+  }
+  if (start == 0) {
+    auto it = seg_by_va.find(seg.va);
+    assert(it != seg_by_va.end());
+    if (it != seg_by_va.begin()) {
+      const std::uint64_t prev = std::prev(it)->second;
+      const Segment& p = segs.at(prev);
+      if (p.range == seg.range && EndOf(p) == seg.va &&
+          LastFree(prev, s, &at))
+        return true;
+    }
+  }
+  return false;
+}
+
+Lake::Impl::RegionFit Lake::Impl::FindRegionFit(
+    std::uint64_t n, Stream s, FreeKey* fit, std::uint64_t* seg_out,
+    std::uint64_t* start_out) const {
+  // The smallest single block that is not part of a run.
+  bool single = false;
+  for (auto it = free_index.lower_bound(FreeKey(n, 0, 0));
+       it != free_index.end(); ++it) {
+    const auto [len, seg_id, start] = *it;
+    if (!clock.Usable(segs.at(seg_id).blocks.at(start).tag, s) ||
+        InRun(seg_id, start, len, s))
+      continue;
+    *fit = *it;
+    single = true;
+    break;
+  }
+  // No run is smaller than an exact fit.
+  if (single && std::get<0>(*fit) == n) return RegionFit::kBlock;
+  std::uint64_t len = 0;
+  if (FindSpan(n, s, seg_out, start_out, &len) &&
+      (!single || len < std::get<0>(*fit)))
+    return RegionFit::kRun;
+  return single ? RegionFit::kBlock : RegionFit::kNone;
 }
 
 bool Lake::Impl::EdgeRun(Stream s, std::uint64_t* seg_out,

@@ -263,6 +263,43 @@ TEST(free_run_across_segments_serves_without_a_driver_call) {
   CHECK_EQ(lake.check(), std::string());
 }
 
+// A request of several chunks is placed by best fit over the free space
+// as one growing region sees it: three wholly free back-to-back segments
+// are one run of 30 MiB, not three blocks of 10. Requests of 8 MiB and a
+// bit pack into it one after the other, each starting where the last one
+// ended, and the 5.8 MiB left stay in one piece. Fitted into one segment
+// each, they would leave three free tails of 1.94 MiB, no stitch could
+// take two of them, and the last request would find the capacity spent.
+TEST(requests_of_several_chunks_pack_into_a_free_run) {
+  jaxlake::vmm::HostDriver drv(SmallDevice());
+  Lake lake(drv, Capped(32 * kMiB));
+  auto k = Alloc(lake, 2 * kMiB);  // kept: the lake is never emptied
+  std::vector<std::uintptr_t> segs = AllocEach(lake, 3, 10 * kMiB);
+  CHECK_EQ(lake.stats().segments.current, 4);
+  CHECK_EQ(segs[1], segs[0] + 10 * kMiB);
+  CHECK_EQ(segs[2], segs[1] + 10 * kMiB);
+  CHECK(FreeAll(lake, {segs[0], segs[1], segs[2]}));
+  const auto calls0 = drv.calls();
+  const std::size_t r = 8 * kMiB + 64 * 1024;
+  std::vector<std::uintptr_t> rs;
+  for (int i = 0; i < 3; ++i) {
+    rs.push_back(Alloc(lake, r));
+    CHECK_EQ(rs.back(), segs[0] + i * r);
+    Fill(rs.back(), r, 0x41 + i);
+  }
+  AllocState how{};
+  auto last = Alloc(lake, 5 * kMiB, &how);
+  CHECK(how == AllocState::split);
+  CHECK_EQ(last, segs[0] + 3 * r);
+  CHECK(drv.calls() == calls0);  // no driver call: aliases and fits
+  Fill(last, 5 * kMiB, 0x50);
+  for (int i = 0; i < 3; ++i) CHECK(Holds(rs[i], r, 0x41 + i));
+  CHECK_EQ(Reserved(lake), 32 * kMiB);
+  CHECK_EQ(lake.check(), std::string());
+  CHECK_EQ(FreeAllThenCheck(lake, {rs[0], rs[1], rs[2], last, k}),
+           std::string());
+}
+
 // A run across segments is taken only when every part of it is usable by
 // the requesting stream: a head freed on another stream, not yet known
 // complete, is not.
