@@ -718,3 +718,11 @@ def test_why_over_breaks_the_held_bytes_down_at_the_fit() -> None:
     assert not f["any_stitch"] and f["short"] == f["request"] - reach > 0
     assert any("short by" in line
                for line in why.lines(r))  # type: ignore[attr-defined]
+    # --markdown: one row, the trace and the same figures.
+    md = why.row(r)  # type: ignore[attr-defined]
+    cells = [c.strip() for c in md.strip("|").split("|")]
+    assert cells[0] == "`lm-small-per-tensor`"
+    assert cells[1] == " + ".join(f"{p[k] / (1 << 20):.1f}" for k in (
+        "free_tails", "free_heads", "free_inner"))
+    assert cells[2].startswith(f"{f['request'] / (1 << 20):.2f}; ")
+    assert cells[2].endswith(f"short by {f['short'] / 1024:.1f} KiB")

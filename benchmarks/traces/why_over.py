@@ -137,11 +137,36 @@ def lines(r: Dict[str, Any]) -> List[str]:
     return out
 
 
+def row(r: Dict[str, Any]) -> str:
+    """One markdown row: the trace, the free bytes of partly used chunks
+    at the peak (tails + heads + inner, MiB) and, one granule below the
+    fit, the failing request against what any stitch could reach (whole
+    free chunks + largest tail + largest head + capacity not held)."""
+    p = r["at_peak"]
+    peak = (f"{p['free_tails'] / MIB:.1f} + {p['free_heads'] / MIB:.1f} + "
+            f"{p['free_inner'] / MIB:.1f}") if p else "-"
+    f = r.get("failure")
+    below = "-"
+    if f:
+        below = (f"{_mib(f['request'])}; {f['free_chunks'] // MIB} + "
+                 f"{_mib(f['largest_tail'])} + {_mib(f['largest_head'])} + "
+                 f"{f['unheld'] // MIB}: " +
+                 ("a stitch could" if f["any_stitch"] else
+                  f"short by {f['short'] / 1024:.1f} KiB"))
+    name = r["trace"] + (f" (device {r['device']})" if r["device"] else "")
+    return f"| `{name}` | {peak} | {below} |"
+
+
 def main(argv: Sequence[str]) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("traces", nargs="+")
     parser.add_argument("--device", type=int, default=None,
                         help="one device (default: every device)")
+    parser.add_argument("--markdown", action="store_true",
+                        help="one markdown row per device: the trace, "
+                             "tails + heads + inner at the peak (MiB), and "
+                             "the request one granule below against what "
+                             "any stitch could reach")
     args = parser.parse_args(argv)
     for path in args.traces:
         trace = read_trace(path)
@@ -150,7 +175,8 @@ def main(argv: Sequence[str]) -> int:
         for dev in devs:
             r = explain(path, dev)
             if r is not None:
-                print("\n".join(lines(r)), flush=True)
+                print(row(r) if args.markdown else "\n".join(lines(r)),
+                      flush=True)
     return 0
 
 
