@@ -126,6 +126,24 @@ std::string Lake::Impl::Check() const {
       return e.str();
     }
   }
+  // open_ends: every segment whose last block is free, and only listed
+  // segments at their end addresses.
+  for (auto [id, seg] : segs) {
+    auto it = open_ends.find(EndOf(seg));
+    const bool listed = it != open_ends.end() && it->second == id;
+    if (listed != seg.open_end ||
+        (seg.blocks.rbegin()->second.state == BlockState::kFree && !listed)) {
+      e << "segment " << id << " open_end " << seg.open_end
+        << " does not match open_ends";
+      return e.str();
+    }
+  }
+  for (const auto& [va, id] : open_ends) {
+    if (!segs.contains(id) || EndOf(segs.at(id)) != va) {
+      e << "open_ends names segment " << id << " at " << va;
+      return e.str();
+    }
+  }
   if (free_blocks != free_index.size()) {
     e << "free index has " << free_index.size() << " entries for "
       << free_blocks << " free blocks";

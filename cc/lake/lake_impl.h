@@ -63,6 +63,13 @@ struct Lake::Impl {
   // Segments by primary address: the neighbours of a segment in its growth
   // range, for free runs that cross segment boundaries.
   std::map<std::uintptr_t, std::uint64_t> seg_by_va JAXLAKE_GUARDED_BY(mu);
+  // Segments by the address right after them (EndOf), among them every
+  // segment whose last block is free: where a free run across a segment
+  // boundary can start (FindSpan). IndexAdd, which every free block passes
+  // through, lists a segment (Segment::open_end) when its last block
+  // becomes free; FindSpan drops those whose last block is no longer
+  // free, and a released segment leaves it.
+  std::map<std::uintptr_t, std::uint64_t> open_ends JAXLAKE_GUARDED_BY(mu);
   std::uintptr_t current_range JAXLAKE_GUARDED_BY(mu) = 0;
   // Slabs and their small ranges (small_pool.h).
   SmallPool small JAXLAKE_GUARDED_BY(mu);
@@ -149,6 +156,11 @@ struct Lake::Impl {
   void IndexAdd(std::uint64_t seg, std::uint64_t start, Block& b)
       JAXLAKE_REQUIRES(mu) {
     b.idx = free_index.emplace(b.end - start, seg, start).first;
+    Segment& sg = segs.at(seg);
+    if (!sg.open_end && b.end == sg.nchunks * chunk_units) {
+      open_ends.emplace(EndOf(sg), seg);
+      sg.open_end = true;
+    }
   }
   void IndexRemove(std::uint64_t, std::uint64_t, const Block& b)
       JAXLAKE_REQUIRES(mu) {
@@ -371,13 +383,16 @@ struct Lake::Impl {
   // is none.
   bool FindSpan(std::uint64_t n, Stream s, std::uint64_t* seg_out,
                 std::uint64_t* start_out,
-                std::uint64_t* len_out = nullptr) const JAXLAKE_REQUIRES(mu);
+                std::uint64_t* len_out = nullptr) JAXLAKE_REQUIRES(mu);
   // Whether the free block of len units at unit `start` of seg_id runs on
   // into a free block of a back-to-back neighbour, usable by s.
   bool InRun(std::uint64_t seg_id, std::uint64_t start, std::uint64_t len,
              Stream s) const JAXLAKE_REQUIRES(mu);
   // Requests of at least this many chunks are placed by FindRegionFit.
   static constexpr std::uint64_t kRegionFitChunks = 4;
+  // Blocks that fit passed over as parts of runs before FindRegionFit
+  // looks at the smallest run.
+  static constexpr int kRunSkips = 8;
   // Best fit for n units over the free space as one growing region sees
   // it: a free run across back-to-back segments is one block, and its parts
   // are no candidates of their own (docs/design.md, "Best fit over free
@@ -386,7 +401,7 @@ struct Lake::Impl {
   enum class RegionFit { kNone, kBlock, kRun };
   RegionFit FindRegionFit(std::uint64_t n, Stream s, FreeKey* fit,
                           std::uint64_t* seg_out,
-                          std::uint64_t* start_out) const JAXLAKE_REQUIRES(mu);
+                          std::uint64_t* start_out) JAXLAKE_REQUIRES(mu);
   // The free run that ends at the current growth range's edge (the end of
   // its newest segment), where a new segment would be placed.
   bool EdgeRun(Stream s, std::uint64_t* seg_out,

@@ -140,6 +140,7 @@ std::size_t Lake::Impl::ReleaseFreeSegments(MutexLock& lk,
   for (std::uint64_t id : ids) {
     doomed.push_back(segs.remove(id));
     seg_by_va.erase(doomed.back()->va);
+    if (doomed.back()->open_end) open_ends.erase(EndOf(*doomed.back()));
   }
   // A growth range left with no segment (a failed growth emptied it) is
   // freed too.

@@ -60,47 +60,52 @@ std::uint64_t Lake::Impl::PlanRun(std::uint64_t seg_id, std::uint64_t start,
 
 bool Lake::Impl::FindSpan(std::uint64_t n, Stream s, std::uint64_t* seg_out,
                           std::uint64_t* start_out,
-                          std::uint64_t* len_out) const {
-  // One pass over the segments in address order, keeping the maximal run
-  // that is open at the end of the previous segment.
+                          std::uint64_t* len_out) {
+  // Every maximal run starts in the free last block of a segment
+  // (open_ends, in address order) and goes on across wholly free segments
+  // to the free first block of a later one.
   bool found = false;
   std::uint64_t best = 0;
-  bool open = false;
-  std::uint64_t run_seg = 0, run_start = 0, run_len = 0, run_segs = 0;
-  const Segment* prev = nullptr;
-  auto consider = [&] {
-    if (open && run_segs >= 2 && run_len >= n && (!found || run_len < best)) {
-      found = true;
-      best = run_len;
-      if (len_out != nullptr) *len_out = run_len;
-      *seg_out = run_seg;
-      *start_out = run_start;
+  for (auto it = open_ends.begin(); it != open_ends.end();) {
+    const std::uint64_t id = it->second;
+    Segment& last = segs.at(id);
+    if (last.blocks.rbegin()->second.state != BlockState::kFree) {
+      last.open_end = false;  // its last block was taken since
+      it = open_ends.erase(it);
+      continue;
     }
-  };
-  for (const auto& [va, id] : seg_by_va) {
-    const Segment& seg = segs.at(id);
-    const std::uint64_t whole = seg.nchunks * chunk_units;
-    const bool adjacent = open && prev != nullptr && seg.range != 0 &&
-                          seg.range == prev->range && va == EndOf(*prev);
-    std::uint64_t end = 0;
-    if (adjacent && FirstFree(id, s, &end)) {
-      run_len += end;
-      ++run_segs;
-      if (end == whole) {  // wholly free: the run goes on
-        prev = &seg;
+    ++it;
+    std::uint64_t start = 0;
+    if (!LastFree(id, s, &start)) continue;
+    const Segment& seg = last;
+    if (start == 0) {
+      // A wholly free segment right after another free end lies inside
+      // the run that starts there.
+      auto p = open_ends.find(seg.va);
+      std::uint64_t at = 0;
+      if (p != open_ends.end() && segs.at(p->second).range == seg.range &&
+          seg.range != 0 && LastFree(p->second, s, &at))
         continue;
-      }
     }
-    consider();
-    open = LastFree(id, s, &run_start);
-    if (open) {
-      run_seg = id;
-      run_len = whole - run_start;
-      run_segs = 1;
+    std::uint64_t len = seg.nchunks * chunk_units - start;
+    std::uint64_t nsegs = 1;
+    for (std::uint64_t cur = id;;) {
+      const std::uint64_t next = NextInRange(cur);
+      std::uint64_t end = 0;
+      if (next == 0 || !FirstFree(next, s, &end)) break;
+      len += end;
+      ++nsegs;
+      if (end != segs.at(next).nchunks * chunk_units) break;
+      cur = next;
     }
-    prev = &seg;
+    if (nsegs >= 2 && len >= n && (!found || len < best)) {
+      found = true;
+      best = len;
+      if (len_out != nullptr) *len_out = len;
+      *seg_out = id;
+      *start_out = start;
+    }
   }
-  consider();
   return found;
 }
 
@@ -129,25 +134,34 @@ bool Lake::Impl::InRun(std::uint64_t seg_id, std::uint64_t start,
 
 Lake::Impl::RegionFit Lake::Impl::FindRegionFit(
     std::uint64_t n, Stream s, FreeKey* fit, std::uint64_t* seg_out,
-    std::uint64_t* start_out) const {
-  // The smallest single block that is not part of a run.
-  bool single = false;
+    std::uint64_t* start_out) {
+  // The smallest single block that is not part of a run, and the smallest
+  // run (FindSpan, a pass over the free segment ends). Once kRunSkips
+  // blocks that fit were passed over as parts of runs, the smallest run is
+  // looked at: when it is shorter than the block reached, no single block
+  // left can beat it, and the scan stops there.
+  bool single = false, looked = false, run = false;
+  std::uint64_t run_len = 0;
+  int skipped = 0;
   for (auto it = free_index.lower_bound(FreeKey(n, 0, 0));
        it != free_index.end(); ++it) {
     const auto [len, seg_id, start] = *it;
-    if (!clock.Usable(segs.at(seg_id).blocks.at(start).tag, s) ||
-        InRun(seg_id, start, len, s))
-      continue;
-    *fit = *it;
-    single = true;
-    break;
+    if (!clock.Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
+    if (!InRun(seg_id, start, len, s)) {
+      *fit = *it;
+      single = true;
+      break;
+    }
+    if (++skipped == kRunSkips) {
+      looked = true;
+      run = FindSpan(n, s, seg_out, start_out, &run_len);
+      if (run && run_len < len) return RegionFit::kRun;
+    }
   }
   // No run is smaller than an exact fit.
   if (single && std::get<0>(*fit) == n) return RegionFit::kBlock;
-  std::uint64_t len = 0;
-  if (FindSpan(n, s, seg_out, start_out, &len) &&
-      (!single || len < std::get<0>(*fit)))
-    return RegionFit::kRun;
+  if (!looked) run = FindSpan(n, s, seg_out, start_out, &run_len);
+  if (run && (!single || run_len < std::get<0>(*fit))) return RegionFit::kRun;
   return single ? RegionFit::kBlock : RegionFit::kNone;
 }
 

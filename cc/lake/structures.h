@@ -184,6 +184,8 @@ struct Segment {
   // are placed back to back in it and do not own their VA.
   std::uintptr_t range = 0;
   BlockMap blocks;  // start unit -> block
+  // Listed in the lake's open_ends (lake_impl.h).
+  bool open_end = false;
 };
 
 // The segments by id. Ids grow from 1 and are never reused (snapshots and
