@@ -300,6 +300,41 @@ TEST(requests_of_several_chunks_pack_into_a_free_run) {
            std::string());
 }
 
+// The segments a free run can start from (open_ends) follow the blocks:
+// a segment whose last block is taken leaves the list when a search next
+// passes it, a released one at once, and a search never reads a released
+// segment (check() verifies the list after each call in debug builds).
+TEST(free_run_starts_follow_takes_and_releases) {
+  jaxlake::vmm::HostDriver drv(SmallDevice());
+  Lake lake(drv, Capped(64 * kMiB));
+  auto k = Alloc(lake, 2 * kMiB);  // kept: the lake is never emptied
+  std::vector<std::uintptr_t> s = AllocEach(lake, 4, 8 * kMiB);
+  CHECK_EQ(s[3], s[0] + 24 * kMiB);
+  // s1 and s2 free: one run of 16 MiB across their boundary.
+  CHECK(FreeAll(lake, {s[1], s[2]}));
+  CHECK_EQ(lake.check(), std::string());
+  AllocState how{};
+  auto a = Alloc(lake, 12 * kMiB, &how);  // the run, from s1's start
+  CHECK_EQ(a, s[1]);
+  CHECK_EQ(lake.check(), std::string());
+  CHECK(lake.free(a, 0) == Status::kOk);
+  // s2 taken whole by a fit: its last block is no longer free.
+  auto b = Alloc(lake, 8 * kMiB, &how);
+  CHECK(how == AllocState::fit || how == AllocState::split);
+  CHECK_EQ(lake.check(), std::string());
+  // s1 released (empty_cache): its end leaves the list.
+  CHECK(lake.free(b, 0) == Status::kOk);
+  CHECK(lake.free(s[3], 0) == Status::kOk);
+  CHECK_EQ(lake.empty_cache(), 24 * kMiB);
+  CHECK_EQ(lake.check(), std::string());
+  // A search after the release: no run, a fresh growth.
+  auto c = Alloc(lake, 12 * kMiB, &how);
+  CHECK(how == AllocState::grow || how == AllocState::stitch_grow);
+  Fill(c, 12 * kMiB, 0x5A);
+  CHECK(Holds(c, 12 * kMiB, 0x5A));
+  CHECK_EQ(FreeAllThenCheck(lake, {c, s[0], k}), std::string());
+}
+
 // A run across segments is taken only when every part of it is usable by
 // the requesting stream: a head freed on another stream, not yet known
 // complete, is not.
