@@ -274,8 +274,11 @@ report(stitches=stitches, sync=sync, released_held=released_held,
     assert out["stitches"] >= 1 and out["sync"] == 0, out
     assert out["after"] and out["same"], out
     if case == "empty_cache":
-        # empty_cache left the held memory, which goes once the work ran.
-        assert out["released_held"] == 0, out
+        # empty_cache left the held memory (segments of 24 MiB or more),
+        # which goes once the work ran. What XLA itself freed before, and
+        # whose free completed, may go at the first call: a 2 MiB segment
+        # of its small buffers, depending on timing.
+        assert out["released_held"] < 24 << 20, out
         assert out["released_after"] >= 96 << 20, out
 
 
