@@ -367,6 +367,8 @@ struct Lake::Impl {
   }
   // The segment right after seg_id in its growth range (0: none).
   std::uint64_t NextInRange(std::uint64_t seg_id) const JAXLAKE_REQUIRES(mu);
+  // The segment right before seg_id in its growth range (0: none).
+  std::uint64_t PrevInRange(std::uint64_t seg_id) const JAXLAKE_REQUIRES(mu);
   // The start of seg_id's last block when it is free and usable by s.
   bool LastFree(std::uint64_t seg_id, Stream s, std::uint64_t* start) const
       JAXLAKE_REQUIRES(mu);

@@ -18,6 +18,17 @@ std::uint64_t Lake::Impl::NextInRange(std::uint64_t seg_id) const {
   return segs.at(it->second).range == seg.range ? it->second : 0;
 }
 
+std::uint64_t Lake::Impl::PrevInRange(std::uint64_t seg_id) const {
+  const Segment& seg = segs.at(seg_id);
+  if (seg.range == 0) return 0;
+  auto it = seg_by_va.find(seg.va);
+  assert(it != seg_by_va.end());
+  if (it == seg_by_va.begin()) return 0;
+  const std::uint64_t prev = std::prev(it)->second;
+  const Segment& p = segs.at(prev);
+  return p.range == seg.range && EndOf(p) == seg.va ? prev : 0;
+}
+
 bool Lake::Impl::LastFree(std::uint64_t seg_id, Stream s,
                           std::uint64_t* start) const {
   const Segment& seg = segs.at(seg_id);
@@ -81,11 +92,9 @@ bool Lake::Impl::FindSpan(std::uint64_t n, Stream s, std::uint64_t* seg_out,
     if (start == 0) {
       // A wholly free segment right after another free end lies inside
       // the run that starts there.
-      auto p = open_ends.find(seg.va);
+      const std::uint64_t prev = PrevInRange(id);
       std::uint64_t at = 0;
-      if (p != open_ends.end() && segs.at(p->second).range == seg.range &&
-          seg.range != 0 && LastFree(p->second, s, &at))
-        continue;
+      if (prev != 0 && LastFree(prev, s, &at)) continue;
     }
     std::uint64_t len = seg.nchunks * chunk_units - start;
     std::uint64_t nsegs = 1;
@@ -119,15 +128,8 @@ bool Lake::Impl::InRun(std::uint64_t seg_id, std::uint64_t start,
     if (next != 0 && FirstFree(next, s, &at)) return true;
   }
   if (start == 0) {
-    auto it = seg_by_va.find(seg.va);
-    assert(it != seg_by_va.end());
-    if (it != seg_by_va.begin()) {
-      const std::uint64_t prev = std::prev(it)->second;
-      const Segment& p = segs.at(prev);
-      if (p.range == seg.range && EndOf(p) == seg.va &&
-          LastFree(prev, s, &at))
-        return true;
-    }
+    const std::uint64_t prev = PrevInRange(seg_id);
+    if (prev != 0 && LastFree(prev, s, &at)) return true;
   }
   return false;
 }
