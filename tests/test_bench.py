@@ -726,3 +726,18 @@ def test_why_over_breaks_the_held_bytes_down_at_the_fit() -> None:
         "free_tails", "free_heads", "free_inner"))
     assert cells[2].startswith(f"{f['request'] / (1 << 20):.2f}; ")
     assert cells[2].endswith(f"short by {f['short'] / 1024:.1f} KiB")
+    # Uncapped: the first event after which the lake holds the most it
+    # ever holds, the bench's U from it, and the same parts.
+    u = r["uncapped"]
+    h = u["held"]
+    assert h["held"] == sum(h[k] for k in (
+        "live", "rounding", "free_chunks", "free_tails", "free_heads",
+        "free_inner", "slab_free"))
+    size = replay.device_bytes(r["peak_live"])
+    result = replay.replay(trace, "jaxlake", timing=False)
+    assert h["held"] == result.peak_reserved
+    assert u["u"] == pytest.approx(result.utilisation)
+    before = why._view(trace, 0, size, [u["event"] - 1])  # type: ignore[attr-defined]
+    assert before["snapshots"][0]["held"]["held"] < h["held"]
+    assert cells[3] == (f"{-(-h['held'] // granule)}; "
+                        f"{h['free_chunks'] / (1 << 20):.0f}")

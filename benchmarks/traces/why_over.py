@@ -11,6 +11,12 @@ own snapshot in a replay of the real lake over the simulated driver:
 
 - at the fit capacity, after the event of the peak live bytes: what the
   reserved bytes hold besides the live ones;
+- uncapped (a device of the bench's size, whose replay gives U), at the
+  first event after which the lake holds the most it ever holds: what
+  those bytes hold besides the live ones. Wholly free chunks there are
+  memory a stitch could have used had it been needed (a growth share
+  taken on the way to a peak, or chunks freed before it): what keeps
+  the uncapped U below U_fit;
 - one granule below the fit capacity, at the request that fails there
   (when the fit is above the limit): the request, the capacity not held,
   and the free bytes by where they lie. A stitch maps whole chunks, so
@@ -65,6 +71,34 @@ def _view(trace: Any, dev: int, capacity: int,
                                   list(events), 0))
 
 
+def _most_held(trace: Any, dev: int, peak: int) -> Dict[str, Any]:
+    """The uncapped replay (the bench's U: a device of device_bytes(peak)):
+    the most bytes the lake holds and its breakdown at the first event
+    after which it holds them."""
+    size = device_bytes(peak)
+    most = int(_core().replay_trace(
+        trace.core, "jaxlake", [dev], [_options(size, None)], None, 0, False,
+        0, [1], False, False).uncapped.peak_reserved)
+    n = len(_device_events(trace, dev)["size"])
+    lo, hi, step = 0, n, max(1, n // 1000)
+    while True:
+        # Snapshots every `step` events of [lo, hi); the first that holds
+        # the most narrows the search to the step before it.
+        snaps = _view(trace, dev, size, list(range(lo, hi, step)))["snapshots"]
+        first = next((x for x in snaps if x["held"]["held"] >= most), None)
+        if first is None:  # held that much only between two samples
+            if step == 1:
+                raise SystemExit(f"device {dev}: no snapshot holds {most} bytes")
+            step = max(1, step // 10)
+            continue
+        if step == 1:
+            return {"event": int(first["event"]), "held": dict(first["held"]),
+                    "u": peak / most if most else 0.0}
+        hi = int(first["event"]) + 1
+        lo = max(0, hi - step)
+        step = max(1, step // 50)
+
+
 def explain(path: str, dev: int) -> Optional[Dict[str, Any]]:
     """The breakdowns of one device of a trace; None when it has no
     allocation."""
@@ -88,6 +122,7 @@ def explain(path: str, dev: int) -> Optional[Dict[str, Any]]:
     at_fit = _view(trace, dev, cap, [peak_event])
     snaps = [s for s in at_fit["snapshots"] if s["event"] == peak_event]
     out["at_peak"] = snaps[0]["held"] if snaps else None
+    out["uncapped"] = _most_held(trace, dev, peak)
     if cap // GRANULE > out["limit"]:
         below = _view(trace, dev, cap - GRANULE, [])
         oom = [s for s in below["snapshots"] if s["oom"]]
@@ -121,6 +156,17 @@ def lines(r: Dict[str, Any]) -> List[str]:
             f"{_mib(p['free_tails'])} + heads {_mib(p['free_heads'])} + "
             f"inner {_mib(p['free_inner'])} + slabs {_mib(p['slab_free'])}")
     f = r.get("failure")
+    u = r.get("uncapped")
+    if u:
+        h = u["held"]
+        out.append(
+            f"  uncapped, most held at event {u['event']}: "
+            f"{_mib(h['held'])} MiB ({-(-h['held'] // GRANULE)} granules, "
+            f"U {u['u']:.3f}) = live {_mib(h['live'])} + rounding "
+            f"{_mib(h['rounding'])} + free chunks {_mib(h['free_chunks'])} "
+            f"+ tails {_mib(h['free_tails'])} + heads "
+            f"{_mib(h['free_heads'])} + inner {_mib(h['free_inner'])} + "
+            f"slabs {_mib(h['slab_free'])}")
     if f:
         out.append(
             f"  one granule below, event {f['event']} fails: request "
@@ -139,9 +185,11 @@ def lines(r: Dict[str, Any]) -> List[str]:
 
 def row(r: Dict[str, Any]) -> str:
     """One markdown row: the trace, the free bytes of partly used chunks
-    at the peak (tails + heads + inner, MiB) and, one granule below the
-    fit, the failing request against what any stitch could reach (whole
-    free chunks + largest tail + largest head + capacity not held)."""
+    at the peak (tails + heads + inner, MiB), one granule below the fit
+    the failing request against what any stitch could reach (whole free
+    chunks + largest tail + largest head + capacity not held), and,
+    uncapped, the most granules held and the wholly free chunks then
+    (MiB)."""
     p = r["at_peak"]
     peak = (f"{p['free_tails'] / MIB:.1f} + {p['free_heads'] / MIB:.1f} + "
             f"{p['free_inner'] / MIB:.1f}") if p else "-"
@@ -153,8 +201,11 @@ def row(r: Dict[str, Any]) -> str:
                  f"{f['unheld'] // MIB}: " +
                  ("a stitch could" if f["any_stitch"] else
                   f"short by {f['short'] / 1024:.1f} KiB"))
+    u = r.get("uncapped")
+    most = (f"{-(-u['held']['held'] // GRANULE)}; "
+            f"{u['held']['free_chunks'] / MIB:.0f}") if u else "-"
     name = r["trace"] + (f" (device {r['device']})" if r["device"] else "")
-    return f"| `{name}` | {peak} | {below} |"
+    return f"| `{name}` | {peak} | {below} | {most} |"
 
 
 def main(argv: Sequence[str]) -> int:
@@ -166,7 +217,8 @@ def main(argv: Sequence[str]) -> int:
                         help="one markdown row per device: the trace, "
                              "tails + heads + inner at the peak (MiB), and "
                              "the request one granule below against what "
-                             "any stitch could reach")
+                             "any stitch could reach, and the most granules "
+                             "held uncapped with the free chunks then")
     args = parser.parse_args(argv)
     for path in args.traces:
         trace = read_trace(path)
