@@ -54,6 +54,8 @@ std::string ValidateOptions(const LakeOptions& o, const vmm::Driver& driver) {
 //   grow          ClaimPrimary: a new segment
 //   reclaim       WithReclaim (lake_impl.h; its steps in stream_clock.cc
 //                 and reclaim.cc), around all of the above
+//   wide stitch   TryStitch with its ends looked for among every free
+//                 block: the last try before out of memory (allocate)
 // Small requests go to the small pool (small_pool.cc).
 
 // One pass of the large-request states for n units. kOutOfMemory:
@@ -194,6 +196,10 @@ Status Lake::allocate(std::size_t nbytes, Stream stream,
         m.mu.AssertHeld();
         return m.LargeOnce(lk, n, stream, nbytes, address, state);
       });
+      // The last try: a stitch whose ends are looked for among every free
+      // block, not only the first candidates of each kind.
+      if (r == Status::kOutOfMemory)
+        r = m.TryStitch(lk, n, stream, nbytes, address, state, /*wide=*/true);
     }
   }
   if (r == Status::kOutOfMemory) {

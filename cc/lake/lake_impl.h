@@ -338,12 +338,15 @@ struct Lake::Impl {
   static constexpr int kLeadCandidates = 16;
   // Free blocks checked for the largest tail and for a head (PlanStitch).
   static constexpr int kEndCandidates = 64;
+  // (Both bounds are lifted by `wide`: the last try before out of memory,
+  // in Lake::allocate.)
   // A free head usable by s of at least `units` (the smallest among the
-  // first candidates), in another chunk than unit `avoid` of segment
-  // `avoid_seg`; false when there is none.
+  // first candidates, or all with `wide`), in another chunk than unit
+  // `avoid` of segment `avoid_seg`; false when there is none.
   bool FindHead(std::uint64_t units, Stream s, std::uint64_t avoid_seg,
-                std::uint64_t avoid, Head* head) const JAXLAKE_REQUIRES(mu);
-  std::uint64_t PlanStitch(std::uint64_t n, Stream s,
+                std::uint64_t avoid, bool wide, Head* head) const
+      JAXLAKE_REQUIRES(mu);
+  std::uint64_t PlanStitch(std::uint64_t n, Stream s, bool wide,
                            std::vector<Piece>* plan, std::uint64_t* lead,
                            Head* head) JAXLAKE_REQUIRES(mu);
   Status MapStitched(MutexLock& lk, std::uint64_t id) JAXLAKE_MAY_UNLOCK(mu);
@@ -351,7 +354,8 @@ struct Lake::Impl {
       JAXLAKE_REQUIRES(mu);
   Status TryStitch(MutexLock& lk, std::uint64_t n,
                    Stream s, std::size_t size, std::uintptr_t* addr,
-                   AllocState* state) JAXLAKE_MAY_UNLOCK(mu);
+                   AllocState* state, bool wide = false)
+      JAXLAKE_MAY_UNLOCK(mu);
   Status StitchPlan(MutexLock& lk, std::vector<Piece> plan,
                     std::uint64_t lead, std::uint64_t got, std::uint64_t n,
                     Stream s, std::size_t size, std::uintptr_t* addr,

@@ -118,14 +118,16 @@ bool Lake::Impl::TryReuse(std::uint64_t n, Stream s, std::size_t size,
 
 bool Lake::Impl::FindHead(std::uint64_t units, Stream s,
                           std::uint64_t avoid_seg, std::uint64_t avoid,
-                          Head* head) const {
-  // The smallest head of at least `units` among the first candidates: the
-  // free units from the start of the chunk that holds a free block's end,
-  // when the block covers that chunk's start but not its end.
+                          bool wide, Head* head) const {
+  // The smallest head of at least `units` among the first candidates (all
+  // of them when wide): the free units from the start of the chunk that
+  // holds a free block's end, when the block covers that chunk's start but
+  // not its end.
   int seen = 0;
   std::uint64_t best = 0;
   for (auto it = free_index.lower_bound(FreeKey(units, 0, 0));
-       it != free_index.end() && seen < kEndCandidates; ++it, ++seen) {
+       it != free_index.end() && (wide || seen < kEndCandidates);
+       ++it, ++seen) {
     const auto [len, seg_id, start] = *it;
     const std::uint64_t end = start + len;
     const std::uint64_t c = ChunkDown(end);
@@ -152,9 +154,12 @@ bool Lake::Impl::FindHead(std::uint64_t units, Stream s,
 // fewest whole chunks: first the smallest tail that holds the request's
 // last partial chunk (one chunk fewer), with a head where one holds what
 // is then left of a chunk; then no tail, or the largest tail, each with a
-// head, where that takes fewer chunks still. Returns the units the lead
-// and whole chunks cover; the head's are head->use.
-std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
+// head, where that takes fewer chunks still. The ends are looked for among
+// the first candidates of the free index; `wide` (the last try before out
+// of memory) looks at every free block, and at the tail of a block of any
+// length. Returns the units the lead and whole chunks cover; the head's
+// are head->use.
+std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s, bool wide,
                                      std::vector<Piece>* plan,
                                      std::uint64_t* lead, Head* head) {
   std::uint64_t got = 0;
@@ -168,9 +173,24 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
   // A head adds a piece after the shortfall's: only with no piece limit.
   const bool head_room = opt.max_pieces == 0;
   Tail fit;  // the smallest tail that holds the last partial chunk
+  Tail largest;  // the largest tail (only with room for a head)
+  if (wide) {
+    // Every free block's tail: its free units from its start to the end
+    // of its first chunk, however long the block.
+    for (const auto& [len, seg_id, start] : free_index) {
+      const std::uint64_t part = ChunkUp(start) - start;
+      if (!room || part == 0 || part > len || part >= n) continue;
+      if (!clock.Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
+      if (rem != 0 && part >= rem && (fit.len == 0 || part < fit.len))
+        fit = Tail{seg_id, start, part};
+      if (head_room && part > largest.len)
+        largest = Tail{seg_id, start, part};
+    }
+  }
   int seen = 0;
   for (auto it = free_index.lower_bound(FreeKey(rem, 0, 0));
-       rem != 0 && room && it != free_index.end() && seen < kLeadCandidates;
+       !wide && rem != 0 && room && it != free_index.end() &&
+       seen < kLeadCandidates;
        ++it) {
     auto [len, seg_id, start] = *it;
     if (len >= chunk_units) break;
@@ -183,11 +203,10 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
   // The largest tail among the first candidates below a chunk: the free
   // units of a block from its start to the end of its first chunk (all of
   // it, when it ends there).
-  Tail largest;
   seen = 0;
   for (auto it = std::make_reverse_iterator(
            free_index.lower_bound(FreeKey(chunk_units, 0, 0)));
-       head_room && room && it != free_index.rend() &&
+       !wide && head_room && room && it != free_index.rend() &&
        seen < kEndCandidates;
        ++it, ++seen) {
     auto [len, seg_id, start] = *it;
@@ -204,7 +223,8 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s,
     const std::uint64_t m = n - t.len;
     *h = Head{};
     if (m % chunk_units == 0) return m / chunk_units;
-    if (head_room && FindHead(m % chunk_units, s, t.seg, t.start, h)) {
+    if (head_room &&
+        FindHead(m % chunk_units, s, t.seg, t.start, wide, h)) {
       h->use = m % chunk_units;
       return m / chunk_units;
     }
@@ -329,12 +349,12 @@ void Lake::Impl::AbandonStitched(std::uint64_t id,
 // changed).
 Status Lake::Impl::TryStitch(MutexLock& lk, std::uint64_t n,
                              Stream s, std::size_t size, std::uintptr_t* addr,
-                             AllocState* state) {
+                             AllocState* state, bool wide) {
   if (!opt.stitch || size < opt.stitch_min) return Status::kOutOfMemory;
   std::vector<Piece> plan;
   std::uint64_t lead = 0;
   Head head;
-  const std::uint64_t got = PlanStitch(n, s, &plan, &lead, &head);
+  const std::uint64_t got = PlanStitch(n, s, wide, &plan, &lead, &head);
   if (plan.empty() && head.use == 0) return Status::kOutOfMemory;
   // Whole free chunks that lie back to back in a growth range, taken in
   // address order, need no mapping of their own (see BackToBack).

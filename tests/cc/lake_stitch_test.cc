@@ -434,6 +434,96 @@ TEST(free_head_ends_a_stitch_to_save_a_whole_chunk) {
   CHECK_EQ(FreeAllThenCheck(lake, {c, d, e}), std::string());
 }
 
+// A stitch looks for its ends among the first candidates of the free
+// index: the tail that leads it among the largest free blocks of less than
+// a chunk. A free block of a chunk or more that holds no whole chunk has a
+// tail and a head out of that view. The last try before out of memory
+// looks at every free block. Here the capacity is held and the request
+// fits only as x's tail, w's chunk and the start of x's head, both ends in
+// the one free block of 2.25 MiB that x left.
+TEST(the_last_try_before_out_of_memory_looks_at_every_free_block) {
+  jaxlake::vmm::HostDriver drv(SmallDevice());
+  Lake lake(drv, Capped(8 * kMiB));
+  CHECK(lake.free(Alloc(lake, 8 * kMiB), 0) == Status::kOk);
+  // One 8 MiB segment: [a 0.5][x 2.25][b 1.25][w 2][c 2] MiB.
+  const std::uintptr_t a = Alloc(lake, kMiB / 2);
+  const std::uintptr_t x = Alloc(lake, 2 * kMiB + kMiB / 4);
+  const std::uintptr_t b = Alloc(lake, kMiB + kMiB / 4);
+  const std::uintptr_t w = Alloc(lake, 2 * kMiB);
+  const std::uintptr_t c = Alloc(lake, 2 * kMiB);
+  CHECK_EQ(x, a + kMiB / 2);
+  CHECK_EQ(b, x + 2 * kMiB + kMiB / 4);
+  CHECK_EQ(w, a + 4 * kMiB);
+  CHECK_EQ(c, a + 6 * kMiB);
+  CHECK_EQ(lake.stats().segments.current, 1);
+  Fill(a, kMiB / 2, 1);
+  Fill(b, kMiB + kMiB / 4, 2);
+  Fill(c, 2 * kMiB, 3);
+  CHECK(FreeAll(lake, {x, w}));
+  const auto ooms = lake.stats().ooms;
+  AllocState how{};
+  const std::uintptr_t r = Alloc(lake, 4 * kMiB, &how);
+  CHECK(how == AllocState::stitch);
+  CHECK_EQ(lake.stats().ooms, ooms);
+  CHECK_EQ(lake.stats().bytes_reserved.current,
+           static_cast<std::int64_t>(8 * kMiB));
+  CHECK_EQ(lake.check(), std::string());
+  Fill(r, 4 * kMiB, 7);
+  CHECK(Holds(a, kMiB / 2, 1));
+  CHECK(Holds(b, kMiB + kMiB / 4, 2));
+  CHECK(Holds(c, 2 * kMiB, 3));
+  // x's block keeps its last 0.25 MiB free: a request of that size fits
+  // there, and one more byte runs out of memory, the lake still sound.
+  const std::uintptr_t d = Alloc(lake, kMiB / 4, &how);
+  CHECK(how == AllocState::fit || how == AllocState::split);
+  CHECK_EQ(d, a + 2 * kMiB + kMiB / 2);
+  Fill(d, kMiB / 4, 4);
+  CHECK(Holds(r, 4 * kMiB, 7));
+  std::uintptr_t p = 0;
+  CHECK(lake.allocate(1, 0, &p) == Status::kOutOfMemory);
+  CHECK_EQ(lake.check(), std::string());
+  CHECK_EQ(FreeAllThenCheck(lake, {a, b, c, r, d}), std::string());
+}
+
+// The same last try, with the lock released while it reserves its range:
+// meanwhile another thread takes the rest of x's block (the units after
+// the head's, in the head's chunk) and frees a, beside the lead. Nothing
+// overlaps and every invariant holds.
+TEST(the_last_try_shares_its_block_while_mapping) {
+  HookDriver drv(SmallDevice());
+  Lake lake(drv, Capped(8 * kMiB));
+  CHECK(lake.free(Alloc(lake, 8 * kMiB), 0) == Status::kOk);
+  const std::uintptr_t a = Alloc(lake, kMiB / 2);
+  const std::uintptr_t x = Alloc(lake, 2 * kMiB + kMiB / 4);
+  const std::uintptr_t b = Alloc(lake, kMiB + kMiB / 4);
+  const std::uintptr_t w = Alloc(lake, 2 * kMiB);
+  const std::uintptr_t c = Alloc(lake, 2 * kMiB);
+  CHECK(FreeAll(lake, {x, w}));
+  std::uintptr_t d = 0;
+  drv.hook_at = 0;  // the next reserve: the stitched range's
+  drv.on_reserve = [&] {
+    CHECK_EQ(lake.check(), std::string());
+    AllocState how{};
+    CHECK(lake.allocate(kMiB / 4, 0, &d, &how) == Status::kOk);
+    CHECK(how == AllocState::fit || how == AllocState::split);
+    CHECK_EQ(d, a + 2 * kMiB + kMiB / 2);
+    CHECK(lake.free(a, 0) == Status::kOk);
+    CHECK_EQ(lake.check(), std::string());
+  };
+  AllocState how{};
+  const std::uintptr_t r = Alloc(lake, 4 * kMiB, &how);
+  CHECK(how == AllocState::stitch);
+  CHECK(d != 0);
+  CHECK(drv.accessible(r, 4 * kMiB));
+  CHECK_EQ(Reserved(lake), 8 * kMiB);
+  CHECK_EQ(lake.check(), std::string());
+  // a's units are free again and fit a new request beside the lead.
+  const std::uintptr_t e = Alloc(lake, kMiB / 2, &how);
+  CHECK(how == AllocState::fit);
+  CHECK_EQ(e, a);
+  CHECK_EQ(FreeAllThenCheck(lake, {b, c, d, e, r}), std::string());
+}
+
 // ---- the StitchCache class on its own (cc/lake/stitch_cache.h) -----------
 
 // A range of `units` units lent (used > 0) or, once freed, cached.
