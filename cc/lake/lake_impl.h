@@ -376,6 +376,10 @@ struct Lake::Impl {
   // The start of seg_id's last block when it is free and usable by s.
   bool LastFree(std::uint64_t seg_id, Stream s, std::uint64_t* start) const
       JAXLAKE_REQUIRES(mu);
+  // Whether the segment right before seg_id in its growth range ends in a
+  // free block usable by s.
+  bool PrevEndsFree(std::uint64_t seg_id, Stream s) const
+      JAXLAKE_REQUIRES(mu);
   // The end of seg_id's first block when it is free and usable by s.
   bool FirstFree(std::uint64_t seg_id, Stream s, std::uint64_t* end) const
       JAXLAKE_REQUIRES(mu);

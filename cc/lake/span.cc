@@ -38,6 +38,12 @@ bool Lake::Impl::LastFree(std::uint64_t seg_id, Stream s,
   return true;
 }
 
+bool Lake::Impl::PrevEndsFree(std::uint64_t seg_id, Stream s) const {
+  const std::uint64_t prev = PrevInRange(seg_id);
+  std::uint64_t at = 0;
+  return prev != 0 && LastFree(prev, s, &at);
+}
+
 bool Lake::Impl::FirstFree(std::uint64_t seg_id, Stream s,
                            std::uint64_t* end) const {
   const Block& b = segs.at(seg_id).blocks.begin()->second;
@@ -89,13 +95,9 @@ bool Lake::Impl::FindSpan(std::uint64_t n, Stream s, std::uint64_t* seg_out,
     std::uint64_t start = 0;
     if (!LastFree(id, s, &start)) continue;
     const Segment& seg = last;
-    if (start == 0) {
-      // A wholly free segment right after another free end lies inside
-      // the run that starts there.
-      const std::uint64_t prev = PrevInRange(id);
-      std::uint64_t at = 0;
-      if (prev != 0 && LastFree(prev, s, &at)) continue;
-    }
+    // A wholly free segment right after another free end lies inside the
+    // run that starts there.
+    if (start == 0 && PrevEndsFree(id, s)) continue;
     std::uint64_t len = seg.nchunks * chunk_units - start;
     std::uint64_t nsegs = 1;
     for (std::uint64_t cur = id;;) {
@@ -127,11 +129,7 @@ bool Lake::Impl::InRun(std::uint64_t seg_id, std::uint64_t start,
     const std::uint64_t next = NextInRange(seg_id);
     if (next != 0 && FirstFree(next, s, &at)) return true;
   }
-  if (start == 0) {
-    const std::uint64_t prev = PrevInRange(seg_id);
-    if (prev != 0 && LastFree(prev, s, &at)) return true;
-  }
-  return false;
+  return start == 0 && PrevEndsFree(seg_id, s);
 }
 
 Lake::Impl::RegionFit Lake::Impl::FindRegionFit(
