@@ -342,7 +342,9 @@ struct Lake::Impl {
   // in Lake::allocate.)
   // A free head usable by s of at least `units` (the smallest among the
   // first candidates, or all with `wide`), in another chunk than unit
-  // `avoid` of segment `avoid_seg`; false when there is none.
+  // `avoid` of segment `avoid_seg` (the tail's; with `wide`, in any
+  // chunk: the range then maps the tail's chunk twice, first and last);
+  // false when there is none.
   bool FindHead(std::uint64_t units, Stream s, std::uint64_t avoid_seg,
                 std::uint64_t avoid, bool wide, Head* head) const
       JAXLAKE_REQUIRES(mu);

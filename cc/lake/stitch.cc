@@ -134,7 +134,10 @@ bool Lake::Impl::FindHead(std::uint64_t units, Stream s,
     if (end == c || c < start) continue;
     const std::uint64_t part = end - c;
     if (part < units || (best != 0 && part >= best)) continue;
-    if (seg_id == avoid_seg && c == ChunkDown(avoid)) continue;
+    // Outside the last try, not the tail's own chunk (measured: mapping
+    // that chunk twice, its tail first and its head last, moved where
+    // requests land for no gain; docs/experiments/holdout_changes.md).
+    if (!wide && seg_id == avoid_seg && c == ChunkDown(avoid)) continue;
     if (!clock.Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
     *head = Head{seg_id, c, 0};
     best = part;

@@ -485,6 +485,49 @@ TEST(the_last_try_before_out_of_memory_looks_at_every_free_block) {
   CHECK_EQ(FreeAllThenCheck(lake, {a, b, c, r, d}), std::string());
 }
 
+// A free head and a free tail of one chunk (a live block between them)
+// can end and lead one stitch: the range maps that chunk twice, and the
+// request uses the tail's units through the first mapping and the head's
+// through the second. The last try before out of memory does; here
+// nothing else can serve the request.
+TEST(the_last_try_maps_one_chunk_as_both_ends) {
+  jaxlake::vmm::HostDriver drv(SmallDevice());
+  Lake lake(drv, Capped(8 * kMiB));
+  CHECK(lake.free(Alloc(lake, 8 * kMiB), 0) == Status::kOk);
+  // Chunk 0: [h 1.25][l 0.25][t 0.5] MiB; the other chunks: rest.
+  const std::uintptr_t h = Alloc(lake, kMiB + kMiB / 4);
+  const std::uintptr_t l = Alloc(lake, kMiB / 4);
+  const std::uintptr_t t = Alloc(lake, kMiB / 2);
+  const std::uintptr_t rest = Alloc(lake, 6 * kMiB);
+  CHECK_EQ(l, h + kMiB + kMiB / 4);
+  CHECK_EQ(t, h + kMiB + kMiB / 2);
+  CHECK_EQ(rest, h + 2 * kMiB);
+  Fill(l, kMiB / 4, 1);
+  Fill(rest, 6 * kMiB, 2);
+  CHECK(FreeAll(lake, {h, t}));
+  const auto maps = drv.calls()[static_cast<int>(Call::map)];
+  AllocState how{};
+  const std::uintptr_t r = Alloc(lake, kMiB + kMiB / 2, &how);
+  CHECK(how == AllocState::stitch);
+  CHECK_EQ(drv.calls()[static_cast<int>(Call::map)], maps + 2);
+  CHECK_EQ(Reserved(lake), 8 * kMiB);
+  CHECK_EQ(lake.check(), std::string());
+  Fill(r, kMiB + kMiB / 2, 7);
+  CHECK(Holds(l, kMiB / 4, 1));
+  CHECK(Holds(rest, 6 * kMiB, 2));
+  // Through the primary range: the tail's units and the head's first MiB
+  // hold what was written through the stitched one.
+  CHECK(Holds(t, kMiB / 2, 7));
+  CHECK(Holds(h, kMiB, 7));
+  CHECK(lake.free(r, 0) == Status::kOk);
+  CHECK_EQ(lake.check(), std::string());
+  // The head's and tail's units are free again.
+  const std::uintptr_t e = Alloc(lake, kMiB + kMiB / 4, &how);
+  CHECK(how == AllocState::fit);
+  CHECK_EQ(e, h);
+  CHECK_EQ(FreeAllThenCheck(lake, {e, l, rest}), std::string());
+}
+
 // The same last try, with the lock released while it reserves its range:
 // meanwhile another thread takes the rest of x's block (the units after
 // the head's, in the head's chunk) and frees a, beside the lead. Nothing
