@@ -44,8 +44,10 @@
 // (docs/design.md, "Growth").
 //   reclaim       wait for pending events, retry failed releases, drop
 //                 cached stitched ranges, release free segments, retry
-//                 (also after changes other threads made meanwhile); then
-//                 out of memory.
+//                 (also after changes other threads made meanwhile)
+//   wide stitch   the stitch planned again with its ends looked for among
+//                 every free block (a head may share the tail's chunk,
+//                 mapped twice); then out of memory.
 //
 // Thread safety: all public methods may be called concurrently. One mutex
 // guards the bookkeeping; driver calls that create, map or unmap memory are
