@@ -441,25 +441,36 @@ TEST(free_head_ends_a_stitch_to_save_a_whole_chunk) {
 // looks at every free block. Here the capacity is held and the request
 // fits only as x's tail, w's chunk and the start of x's head, both ends in
 // the one free block of 2.25 MiB that x left.
+// A lake of 8 MiB holding one segment [a 0.5][x 2.25][b 1.25][w 2][c 2]
+// MiB, with x and w freed: the live blocks a, b and c.
+struct XAndWFreed {
+  std::uintptr_t a = 0, b = 0, c = 0;
+};
+XAndWFreed FreeXAndW(Lake& lake) {
+  CHECK(lake.free(Alloc(lake, 8 * kMiB), 0) == Status::kOk);
+  XAndWFreed l;
+  l.a = Alloc(lake, kMiB / 2);
+  const std::uintptr_t x = Alloc(lake, 2 * kMiB + kMiB / 4);
+  l.b = Alloc(lake, kMiB + kMiB / 4);
+  const std::uintptr_t w = Alloc(lake, 2 * kMiB);
+  l.c = Alloc(lake, 2 * kMiB);
+  CHECK_EQ(x, l.a + kMiB / 2);
+  CHECK_EQ(l.b, x + 2 * kMiB + kMiB / 4);
+  CHECK_EQ(w, l.a + 4 * kMiB);
+  CHECK_EQ(l.c, l.a + 6 * kMiB);
+  CHECK_EQ(lake.stats().segments.current, 1);
+  CHECK(FreeAll(lake, {x, w}));
+  return l;
+}
+
 TEST(the_last_try_before_out_of_memory_looks_at_every_free_block) {
   jaxlake::vmm::HostDriver drv(SmallDevice());
   Lake lake(drv, Capped(8 * kMiB));
-  CHECK(lake.free(Alloc(lake, 8 * kMiB), 0) == Status::kOk);
-  // One 8 MiB segment: [a 0.5][x 2.25][b 1.25][w 2][c 2] MiB.
-  const std::uintptr_t a = Alloc(lake, kMiB / 2);
-  const std::uintptr_t x = Alloc(lake, 2 * kMiB + kMiB / 4);
-  const std::uintptr_t b = Alloc(lake, kMiB + kMiB / 4);
-  const std::uintptr_t w = Alloc(lake, 2 * kMiB);
-  const std::uintptr_t c = Alloc(lake, 2 * kMiB);
-  CHECK_EQ(x, a + kMiB / 2);
-  CHECK_EQ(b, x + 2 * kMiB + kMiB / 4);
-  CHECK_EQ(w, a + 4 * kMiB);
-  CHECK_EQ(c, a + 6 * kMiB);
-  CHECK_EQ(lake.stats().segments.current, 1);
+  const XAndWFreed l = FreeXAndW(lake);
+  const std::uintptr_t a = l.a, b = l.b, c = l.c;
   Fill(a, kMiB / 2, 1);
   Fill(b, kMiB + kMiB / 4, 2);
   Fill(c, 2 * kMiB, 3);
-  CHECK(FreeAll(lake, {x, w}));
   const auto ooms = lake.stats().ooms;
   AllocState how{};
   const std::uintptr_t r = Alloc(lake, 4 * kMiB, &how);
@@ -535,13 +546,8 @@ TEST(the_last_try_maps_one_chunk_as_both_ends) {
 TEST(the_last_try_shares_its_block_while_mapping) {
   HookDriver drv(SmallDevice());
   Lake lake(drv, Capped(8 * kMiB));
-  CHECK(lake.free(Alloc(lake, 8 * kMiB), 0) == Status::kOk);
-  const std::uintptr_t a = Alloc(lake, kMiB / 2);
-  const std::uintptr_t x = Alloc(lake, 2 * kMiB + kMiB / 4);
-  const std::uintptr_t b = Alloc(lake, kMiB + kMiB / 4);
-  const std::uintptr_t w = Alloc(lake, 2 * kMiB);
-  const std::uintptr_t c = Alloc(lake, 2 * kMiB);
-  CHECK(FreeAll(lake, {x, w}));
+  const XAndWFreed l = FreeXAndW(lake);
+  const std::uintptr_t a = l.a, b = l.b, c = l.c;
   std::uintptr_t d = 0;
   drv.hook_at = 0;  // the next reserve: the stitched range's
   drv.on_reserve = [&] {
