@@ -345,18 +345,37 @@ def test_built_graph_child_node_and_exec_updates() -> None:
     ck(lib.cuGraphExecUpdate_v2(e, g, ctypes.byref(info)), "update")
     ck(lib.cuGraphLaunch(e, s)); ck(lib.cuStreamSynchronize(s))
     third = list(get(dst, 16))
+    # cuGraphExecNodeSetParams with a child graph's parameters
+    # (CUgraphNodeParams, type 4: CU_GRAPH_NODE_TYPE_GRAPH) does what
+    # cuGraphExecChildGraphNodeSetParams does.
+    class ChildParams(ctypes.Structure):
+        _fields_ = [("graph", P), ("ownership", ctypes.c_int)]
+    class NodeParams(ctypes.Structure):
+        _fields_ = [("type", ctypes.c_int), ("reserved0", ctypes.c_int * 3),
+                    ("graph", ChildParams),
+                    ("pad", ctypes.c_char * (256 - 16 - 16))]
+    assert ctypes.sizeof(NodeParams) == 256
+    np_ = NodeParams(type=4, graph=ChildParams(child2, 0))
+    ck(lib.cuGraphExecNodeSetParams(e, cn, ctypes.byref(np_)), "node set")
+    ck(lib.cuGraphLaunch(e, s)); ck(lib.cuStreamSynchronize(s))
+    fourth = list(get(dst, 16))
+    np_.graph = ChildParams(g, 0)  # another topology
+    bad_set = lib.cuGraphExecNodeSetParams(e, cn, ctypes.byref(np_))
     other = P()
     ck(lib.cuGraphCreate(ctypes.byref(other), 0))
     ck(lib.cuGraphAddEmptyNode(ctypes.byref(P()), other, None, SZ(0)))
     bad = lib.cuGraphExecUpdate_v2(e, other, ctypes.byref(info))
     report(roots=roots.value, first=first, second=second, third=third,
-           calls=calls, bad=bad, result=info.result)
+           fourth=fourth, bad_set=bad_set, calls=calls, bad=bad,
+           result=info.result)
     """))
     assert out["roots"] == 1
     assert out["first"] == [3] * 16
     assert out["second"] == [9] * 16
     assert out["third"] == [3] * 16
-    assert out["calls"] == [5, 5, 5]
+    assert out["fourth"] == [9] * 16
+    assert out["bad_set"] == 1  # CUDA_ERROR_INVALID_VALUE
+    assert out["calls"] == [5, 5, 5, 5]
     assert out["bad"] == 910 and out["result"] == 2
 
 

@@ -114,6 +114,16 @@ FAKE cuGraphExecUpdate(void* exec, void* graph, void** error_node,
 }  // extern "C"
 
 namespace {
+// A child graph node of an executable graph takes the parameters of
+// `child`, whose topology must be the node's (under the lock).
+CUresult SetChildParams(Node* n, void* child) {
+  Graph* c = GraphOf(child);
+  if (!KnownGraph(c)) return CUDA_ERROR_INVALID_VALUE;
+  if (!SameTopology(*n->child, *c, nullptr)) return CUDA_ERROR_INVALID_VALUE;
+  TakeParams(*n->child, *c);
+  return CUDA_SUCCESS;
+}
+
 // The executable graph's copy of `node`, under the lock.
 template <typename F>
 CUresult ExecSet(void* exec, void* node, int type, F set) {
@@ -178,18 +188,19 @@ FAKE cuGraphExecEventWaitNodeSetEvent(void* exec, void* node, CUevent event) {
 // be the node's.
 FAKE cuGraphExecChildGraphNodeSetParams(void* exec, void* node, void* child) {
   ENTER();
-  return ExecSet(exec, node, kGraph, [&](Node* n) -> CUresult {
-    Graph* c = GraphOf(child);
-    if (!KnownGraph(c)) return CUDA_ERROR_INVALID_VALUE;
-    if (!SameTopology(*n->child, *c, nullptr))
-      return CUDA_ERROR_INVALID_VALUE;
-    TakeParams(*n->child, *c);
-    return CUDA_SUCCESS;
-  });
+  return ExecSet(exec, node, kGraph,
+                 [&](Node* n) { return SetChildParams(n, child); });
 }
+// Any node type of SetFromParams, and a child graph node as
+// cuGraphExecChildGraphNodeSetParams updates it (newer XLA updates its
+// command buffers' child graphs this way).
 FAKE cuGraphExecNodeSetParams(void* exec, void* node, NodeParams* params) {
   ENTER();
   if (params == nullptr) return CUDA_ERROR_INVALID_VALUE;
+  if (params->type == kGraph)
+    return ExecSet(exec, node, kGraph, [&](Node* n) {
+      return SetChildParams(n, params->graph.graph);
+    });
   return ExecSet(exec, node, params->type,
                  [&](Node* n) { return SetFromParams(n, params); });
 }
