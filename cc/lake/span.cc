@@ -179,16 +179,12 @@ bool Lake::Impl::EdgeRun(Stream s, std::uint64_t* seg_out,
   std::uint64_t start = 0;
   if (!LastFree(id, s, &start)) return false;
   // Walk back over wholly free segments that lie right before it.
-  while (start == 0 && it != seg_by_va.begin()) {
-    auto pit = std::prev(it);
-    const Segment& p = segs.at(pit->second);
+  while (start == 0) {
+    const std::uint64_t prev = PrevInRange(id);
     std::uint64_t ps = 0;
-    if (p.range != current_range || EndOf(p) != it->first ||
-        !LastFree(pit->second, s, &ps))
-      break;
-    id = pit->second;
+    if (prev == 0 || !LastFree(prev, s, &ps)) break;
+    id = prev;
     start = ps;
-    it = pit;
   }
   *seg_out = id;
   *start_out = start;

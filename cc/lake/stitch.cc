@@ -189,35 +189,36 @@ std::uint64_t Lake::Impl::PlanStitch(std::uint64_t n, Stream s, bool wide,
       if (head_room && part > largest.len)
         largest = Tail{seg_id, start, part};
     }
-  }
-  int seen = 0;
-  for (auto it = free_index.lower_bound(FreeKey(rem, 0, 0));
-       !wide && rem != 0 && room && it != free_index.end() &&
-       seen < kLeadCandidates;
-       ++it) {
-    auto [len, seg_id, start] = *it;
-    if (len >= chunk_units) break;
-    if ((start + len) % chunk_units != 0) continue;
-    ++seen;
-    if (!clock.Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
-    fit = Tail{seg_id, start, len};
-    break;
-  }
-  // The largest tail among the first candidates below a chunk: the free
-  // units of a block from its start to the end of its first chunk (all of
-  // it, when it ends there).
-  seen = 0;
-  for (auto it = std::make_reverse_iterator(
-           free_index.lower_bound(FreeKey(chunk_units, 0, 0)));
-       !wide && head_room && room && it != free_index.rend() &&
-       seen < kEndCandidates;
-       ++it, ++seen) {
-    auto [len, seg_id, start] = *it;
-    const std::uint64_t part = ChunkUp(start) - start;
-    if (part == 0 || part > len || part <= largest.len || part >= n)
-      continue;
-    if (!clock.Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
-    largest = Tail{seg_id, start, part};
+  } else {
+    int seen = 0;
+    for (auto it = free_index.lower_bound(FreeKey(rem, 0, 0));
+         rem != 0 && room && it != free_index.end() &&
+         seen < kLeadCandidates;
+         ++it) {
+      auto [len, seg_id, start] = *it;
+      if (len >= chunk_units) break;
+      if ((start + len) % chunk_units != 0) continue;
+      ++seen;
+      if (!clock.Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
+      fit = Tail{seg_id, start, len};
+      break;
+    }
+    // The largest tail among the first candidates below a chunk: the free
+    // units of a block from its start to the end of its first chunk (all
+    // of it, when it ends there).
+    seen = 0;
+    for (auto it = std::make_reverse_iterator(
+             free_index.lower_bound(FreeKey(chunk_units, 0, 0)));
+         head_room && room && it != free_index.rend() &&
+         seen < kEndCandidates;
+         ++it, ++seen) {
+      auto [len, seg_id, start] = *it;
+      const std::uint64_t part = ChunkUp(start) - start;
+      if (part == 0 || part > len || part <= largest.len || part >= n)
+        continue;
+      if (!clock.Usable(segs.at(seg_id).blocks.at(start).tag, s)) continue;
+      largest = Tail{seg_id, start, part};
+    }
   }
   // Whole chunks a plan with tail t takes, and its head (if any).
   auto chunks = [&](const Tail& t, Head* h) {
